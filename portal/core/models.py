@@ -1,0 +1,355 @@
+"""Cosched's data model: profiles, cluster inventory, jobs and their lifecycle, metrics, policy.
+
+Units follow ``scheduler.domain``: seconds, MB, percent, GB/s, GFLOPS. Derived classes (compute /
+memory / l1, C / M, small / medium / big) are not stored: ``scheduler.classes`` computes them.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from portal.core.states import JobState
+
+JOB_KINDS = [
+    ("dl-train", "DL training"),
+    ("dl-infer", "DL inference"),
+    ("hpc", "HPC"),
+    ("other", "Other"),
+]
+SHARING_MODES = [
+    ("exclusive", "Exclusive"),
+    ("time_slicing", "Time-slicing"),
+    ("mps", "MPS"),
+    ("mig", "MIG"),
+]
+
+
+class ApplicationProfile(models.Model):
+    """What an application needs and how it behaves, measured offline (ALGORITHMS.md §1-§4)."""
+
+    class Status(models.TextChoices):
+        DRAFT = "draft", "Draft"
+        APPROVED = "approved", "Approved"
+        RETIRED = "retired", "Retired"
+
+    class Source(models.TextChoices):
+        MANUAL = "manual", "Manual"
+        IMPORTED = "imported", "Imported"
+        MONITORED = "monitored", "Monitored"
+
+    name = models.CharField(max_length=100)
+    version = models.CharField(max_length=40, default="1")
+    description = models.TextField(blank=True)
+    kind = models.CharField(max_length=16, choices=JOB_KINDS, default="other")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
+    source = models.CharField(max_length=16, choices=Source.choices, default=Source.MANUAL)
+
+    # Input parameters the profile was measured with
+    batch_size = models.PositiveIntegerField(null=True, blank=True)
+    image_size = models.PositiveIntegerField(null=True, blank=True, help_text="pixels per side")
+    dataset = models.CharField(max_length=100, blank=True)
+    args = models.JSONField(default=dict, blank=True, help_text="free-form input parameters")
+
+    # §1: run times and memory
+    cpu_time_s = models.FloatField(null=True, blank=True, help_text="solo run time on a CPU node")
+    gpu_memory_max_mb = models.FloatField(null=True, blank=True)
+    gpu_memory_avg_mb = models.FloatField(null=True, blank=True)
+
+    # §2: utilisation metrics (003, Table 1)
+    gpu_util_pct = models.FloatField(null=True, blank=True)
+    sm_efficiency_pct = models.FloatField(null=True, blank=True)
+    warp_efficiency_pct = models.FloatField(null=True, blank=True)
+    ipc = models.FloatField(null=True, blank=True)
+    occupancy_pct = models.FloatField(null=True, blank=True)
+    mem_util_pct = models.FloatField(null=True, blank=True)
+    h2d_gbps = models.FloatField(null=True, blank=True, help_text="host-to-device PCIe GB/s")
+    d2h_gbps = models.FloatField(null=True, blank=True, help_text="device-to-host PCIe GB/s")
+    gld_gbps = models.FloatField(null=True, blank=True, help_text="global load throughput GB/s")
+    gst_gbps = models.FloatField(null=True, blank=True, help_text="global store throughput GB/s")
+    dram_bw_gbps = models.FloatField(null=True, blank=True, help_text="DRAM bandwidth demand")
+    gflops = models.FloatField(null=True, blank=True, help_text="compute demand")
+
+    # §3: stall reasons (percent of stalls) and kernel resources (003, Table 7)
+    stall_exec_dependency_pct = models.FloatField(null=True, blank=True)
+    stall_instruction_fetch_pct = models.FloatField(null=True, blank=True)
+    stall_memory_dependency_pct = models.FloatField(null=True, blank=True)
+    stall_texture_pct = models.FloatField(null=True, blank=True)
+    stall_synchronization_pct = models.FloatField(null=True, blank=True)
+    stall_other_pct = models.FloatField(null=True, blank=True)
+    epc = models.FloatField(null=True, blank=True, help_text="eligible warps per cycle")
+    registers_per_block = models.PositiveIntegerField(null=True, blank=True)
+    smem_per_block_bytes = models.PositiveIntegerField(null=True, blank=True)
+    l1_transactions = models.FloatField(null=True, blank=True)
+    saturation_tbs_per_sm = models.PositiveIntegerField(null=True, blank=True)
+
+    # §4: job descriptors
+    cm_ratio = models.FloatField(null=True, blank=True, help_text="SM util / memory util")
+    sensitivity = models.FloatField(null=True, blank=True)
+
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    approved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    approved_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "version"]
+        constraints = [
+            models.UniqueConstraint(fields=["name", "version"], name="profile_name_version_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} v{self.version}"
+
+
+class ProfileGpuTime(models.Model):
+    """Solo run time of a profile on one GPU model (catalogue name, e.g. ``V100``)."""
+
+    profile = models.ForeignKey(
+        ApplicationProfile, on_delete=models.CASCADE, related_name="gpu_times"
+    )
+    gpu_model = models.CharField(max_length=40)
+    time_s = models.FloatField()
+
+    class Meta:
+        ordering = ["gpu_model"]
+        constraints = [
+            models.UniqueConstraint(fields=["profile", "gpu_model"], name="gpu_time_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_model}: {self.time_s:g} s"
+
+
+class ProfileMemoryStep(models.Model):
+    """A memory phase (ALGORITHMS.md §1 ``step_j``): from ``start_fraction`` of the run on, GPU
+    memory grows from ``from_mb`` to ``to_mb``."""
+
+    profile = models.ForeignKey(
+        ApplicationProfile, on_delete=models.CASCADE, related_name="memory_steps"
+    )
+    index = models.PositiveIntegerField()
+    start_fraction = models.FloatField(help_text="0..1 of the run at which this step begins")
+    from_mb = models.FloatField()
+    to_mb = models.FloatField()
+
+    class Meta:
+        ordering = ["index"]
+        constraints = [
+            models.UniqueConstraint(fields=["profile", "index"], name="memory_step_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"step {self.index}: {self.from_mb:g}-{self.to_mb:g} MB"
+
+
+class Node(models.Model):
+    class Kind(models.TextChoices):
+        CPU = "cpu", "CPU"
+        GPU = "gpu", "GPU"
+
+    class Status(models.TextChoices):
+        UP = "up", "Up"
+        DOWN = "down", "Down"
+        DRAINING = "draining", "Draining"
+
+    name = models.CharField(max_length=100, unique=True)
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    cores = models.PositiveIntegerField(default=1)
+    memory_mb = models.PositiveIntegerField(default=0)
+    backend = models.CharField(
+        max_length=16, default="virtual", help_text="GPU backend: virtual (no GPU) or nvml"
+    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.UP)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveIntegerField()
+    uuid = models.CharField(max_length=100, blank=True)
+    model = models.CharField(max_length=40, help_text="catalogue name, e.g. V100, A30")
+    architecture = models.CharField(max_length=40, blank=True)
+    memory_mb = models.PositiveIntegerField()
+    sm_count = models.PositiveIntegerField(default=0)
+    sharing_modes = models.JSONField(default=list, blank=True)
+    mig_profiles = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='e.g. [{"name": "1g.6gb", "slices": 1, "memory_mb": 6144}]',
+    )
+    current_mode = models.CharField(max_length=16, choices=SHARING_MODES, default="exclusive")
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_node_index")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/{self.index} ({self.model})"
+
+
+class Job(models.Model):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs"
+    )
+    name = models.CharField(max_length=200)
+    command = models.TextField(blank=True)
+    container_image = models.CharField(max_length=300, blank=True)
+    profile = models.ForeignKey(
+        ApplicationProfile, null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
+    )
+    params = models.JSONField(default=dict, blank=True)
+    kind = models.CharField(max_length=16, choices=JOB_KINDS, default="other")
+
+    # Resources asked
+    gpus = models.PositiveIntegerField(default=0)
+    gpu_memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    cpus = models.PositiveIntegerField(default=1)
+    memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    elastic_min_workers = models.PositiveIntegerField(null=True, blank=True)
+    elastic_max_workers = models.PositiveIntegerField(null=True, blank=True)
+    priority = models.IntegerField(default=0)
+
+    state = models.CharField(
+        max_length=16, choices=[(s.value, s.value) for s in JobState], default=JobState.PENDING
+    )
+    submitted_at = models.DateTimeField(auto_now_add=True)
+    scheduled_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    failure_reason = models.TextField(blank=True)
+    requeue_count = models.PositiveIntegerField(default=0)
+
+    # Idempotent submission: one job per (owner, key); the fingerprint catches key reuse.
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)
+    idempotency_fingerprint = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        indexes = [
+            models.Index(fields=["state", "priority", "submitted_at"], name="job_queue_idx"),
+            models.Index(fields=["owner", "state"], name="job_owner_state_idx"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_idempotency_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    @property
+    def is_terminal(self) -> bool:
+        from portal.core.states import TERMINAL
+
+        return self.state in TERMINAL
+
+    @property
+    def current_placement(self) -> Placement | None:
+        return self.placements.filter(active=True).order_by("-id").first()
+
+
+class JobEvent(models.Model):
+    """The job's timeline: every state transition, plus notes (pause reasons, placements)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    from_state = models.CharField(max_length=16, blank=True)
+    to_state = models.CharField(max_length=16, blank=True)
+    actor = models.CharField(max_length=100, help_text='"user:alice", "scheduler", "node:gpu-1"')
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.from_state}->{self.to_state} by {self.actor}"
+
+
+class Placement(models.Model):
+    """Where and how one attempt of a job runs; ``active`` until the attempt ends."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="placements")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="placements")
+    gpus = models.ManyToManyField(Gpu, blank=True, related_name="placements")
+    sharing_mode = models.CharField(max_length=16, choices=SHARING_MODES, default="exclusive")
+    mps_percentage = models.PositiveIntegerField(null=True, blank=True)
+    mig_profile = models.CharField(max_length=40, blank=True)
+    gpu_memory_mb = models.FloatField(default=0, help_text="memory committed per GPU")
+    cpus = models.PositiveIntegerField(default=1)
+    policy = models.CharField(max_length=100)
+    explanation = models.TextField(blank=True)
+    score = models.FloatField(null=True, blank=True)
+    active = models.BooleanField(default=True, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job"], condition=Q(active=True), name="one_active_placement_per_job"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} on {self.node_id} ({self.sharing_mode})"
+
+
+class MetricSample(models.Model):
+    """One time-series point for a GPU, a node, a job or the cluster (all three null)."""
+
+    at = models.DateTimeField()
+    metric = models.CharField(max_length=40, help_text="util_pct, memory_used_mb, slowdown, ...")
+    value = models.FloatField()
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.CASCADE, related_name="+"
+    )
+    gpu = models.ForeignKey(Gpu, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+
+    class Meta:
+        ordering = ["at"]
+        indexes = [
+            models.Index(fields=["gpu", "metric", "at"], name="metric_gpu_idx"),
+            models.Index(fields=["job", "metric", "at"], name="metric_job_idx"),
+            models.Index(fields=["metric", "at"], name="metric_at_idx"),
+        ]
+
+
+class PolicySettings(models.Model):
+    """A named policy configuration; exactly one is active (used by the scheduling loop)."""
+
+    name = models.CharField(max_length=100, unique=True, default="default")
+    policy = models.CharField(max_length=100, default="fifo", help_text="registered policy name")
+    params = models.JSONField(default=dict, blank=True)
+    active = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "policy settings"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["active"], condition=Q(active=True), name="one_active_policy"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.policy}"

@@ -1,0 +1,1 @@
+"""Cosched scheduling core: pure Python, no Django, Celery or Redis (see DESIGN.md)."""

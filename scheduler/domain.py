@@ -1,0 +1,289 @@
+"""Domain types of the scheduling core.
+
+Plain, typed dataclasses shared by every policy, the simulator and (through an adapter) the
+portal. Nothing here imports Django, Celery or Redis, reads a clock or does I/O.
+
+Units: seconds (``*_s``), megabytes (``*_mb``), percent 0..100 (``*_pct``), GB/s (``*_gbps``),
+GFLOPS (``*_gflops``). Optional profile metrics are ``None`` when unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any
+
+
+class SharingMode(StrEnum):
+    """How a GPU is shared (ALGORITHMS.md §4, Table 1)."""
+
+    EXCLUSIVE = "exclusive"  # one job owns the GPU
+    TIME_SLICING = "time_slicing"  # jobs share time; no memory isolation
+    MPS = "mps"  # concurrent kernels with an active-thread percentage per job
+    MIG = "mig"  # hardware-isolated instances with fixed profiles
+
+
+class JobKind(StrEnum):
+    DL_TRAIN = "dl-train"
+    DL_INFER = "dl-infer"
+    HPC = "hpc"
+    OTHER = "other"
+
+
+class NodeKind(StrEnum):
+    CPU = "cpu"
+    GPU = "gpu"
+
+
+EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """A MIG instance profile, e.g. A30 ``1g.6gb``: 1 compute slice of 4, 6 GB."""
+
+    name: str
+    compute_slices: int
+    memory_mb: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """A GPU model (the catalogue entry), not one physical device."""
+
+    model: str
+    architecture: str
+    memory_mb: int
+    sm_count: int
+    dram_bw_gbps: float
+    peak_gflops: float  # single precision
+    sharing_modes: tuple[SharingMode, ...] = (SharingMode.EXCLUSIVE, SharingMode.TIME_SLICING)
+    mig_profiles: tuple[MigProfile, ...] = ()
+    mig_total_slices: int = 0  # 7 on A100/H100, 4 on A30, 0 without MIG
+
+    def supports(self, mode: SharingMode) -> bool:
+        return mode in self.sharing_modes
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryStep:
+    """One memory phase of a job (ALGORITHMS.md §1 ``step_j``).
+
+    The job enters this step at ``start_fraction`` (0..1) of its progress and its GPU memory
+    grows from ``from_mb`` towards ``to_mb`` during the step (``to_mb`` is the step's peak).
+    """
+
+    start_fraction: float
+    from_mb: float
+    to_mb: float
+
+
+@dataclass(frozen=True, slots=True)
+class StallReasons:
+    """Percent of stalls by reason (ALGORITHMS.md §3, Table 7)."""
+
+    exec_dependency: float = 0.0
+    instruction_fetch: float = 0.0
+    memory_dependency: float = 0.0
+    texture: float = 0.0
+    synchronization: float = 0.0
+    other: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """An application profile: every metric of ALGORITHMS.md §1-§4, all optional but the name.
+
+    ``gpu_time_s`` maps a GPU model name (catalogue key, e.g. ``"V100"``) to the solo run time
+    on one such GPU (for a multi-GPU job: the solo run time with ``scale_factor`` GPUs of it).
+    """
+
+    name: str
+    kind: JobKind = JobKind.OTHER
+    cpu_time_s: float | None = None
+    gpu_time_s: Mapping[str, float] = EMPTY
+    gpu_memory_max_mb: float | None = None
+    gpu_memory_avg_mb: float | None = None
+    memory_steps: tuple[MemoryStep, ...] = ()
+    # Utilisation and kernel metrics (§2, Table 1 of 003; §3)
+    gpu_util_pct: float | None = None
+    sm_efficiency_pct: float | None = None
+    warp_efficiency_pct: float | None = None
+    ipc: float | None = None
+    occupancy_pct: float | None = None
+    mem_util_pct: float | None = None
+    h2d_gbps: float | None = None
+    d2h_gbps: float | None = None
+    gld_gbps: float | None = None
+    gst_gbps: float | None = None
+    dram_bw_gbps: float | None = None
+    gflops: float | None = None
+    stall: StallReasons | None = None
+    epc: float | None = None
+    registers_per_block: int | None = None
+    smem_per_block_bytes: int | None = None
+    l1_transactions: float | None = None
+    saturation_tbs_per_sm: int | None = None
+    # Job descriptors (§4)
+    cm_ratio: float | None = None
+    sensitivity: float | None = None
+    batch_size: int | None = None
+    image_size: int | None = None
+
+    def solo_time_s(self, gpu_model: str | None) -> float | None:
+        """Solo run time on ``gpu_model`` (None: on a CPU node), or None if not profiled."""
+        if gpu_model is None:
+            return self.cpu_time_s
+        return self.gpu_time_s.get(gpu_model)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """A job as the scheduler sees it. ``gpus`` is the scale factor (0 = CPU-only job)."""
+
+    id: str
+    name: str = ""
+    kind: JobKind = JobKind.OTHER
+    arrival_s: float = 0.0
+    gpus: int = 1
+    gpu_memory_mb: float | None = None  # asked; falls back to the profile's max
+    cpus: int = 1
+    memory_mb: float = 0.0
+    priority: int = 0  # higher runs first where a policy orders by priority
+    profile: Profile | None = None
+    job_type: str | None = None  # key into measured interference tables (e.g. Gavel job_type)
+    elastic_min: int | None = None
+    elastic_max: int | None = None
+    params: Mapping[str, Any] = EMPTY
+
+    def memory_need_mb(self) -> float:
+        """GPU memory per GPU this job needs: asked, else profiled max, else 0."""
+        if self.gpu_memory_mb is not None:
+            return self.gpu_memory_mb
+        if self.profile is not None and self.profile.gpu_memory_max_mb is not None:
+            return self.profile.gpu_memory_max_mb
+        return 0.0
+
+    def solo_time_s(self, gpu_model: str | None) -> float | None:
+        return None if self.profile is None else self.profile.solo_time_s(gpu_model)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where and how a job runs. ``gpu_indices`` empty means a CPU placement on ``node``."""
+
+    job_id: str
+    node: str
+    gpu_indices: tuple[int, ...] = ()
+    mode: SharingMode = SharingMode.EXCLUSIVE
+    mps_percentage: int | None = None
+    mig_profile: str | None = None
+    cpus: int = 1
+
+    @property
+    def on_gpu(self) -> bool:
+        return bool(self.gpu_indices)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuState:
+    """One physical GPU in a snapshot: its spec, mode and what runs on it."""
+
+    node: str
+    index: int
+    spec: GpuSpec
+    mode: SharingMode | None = None  # None: idle, no mode fixed
+    job_ids: tuple[str, ...] = ()
+    committed_memory_mb: float = 0.0  # sum of the memory needs of the jobs placed on it
+    used_memory_mb: float | None = None  # monitored (NVML / virtual), if known
+    util_pct: float | None = None  # monitored, if known
+    mig_slices_used: int = 0
+    uuid: str = ""
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.node, self.index)
+
+    @property
+    def free_memory_mb(self) -> float:
+        return self.spec.memory_mb - self.committed_memory_mb
+
+    @property
+    def idle(self) -> bool:
+        return not self.job_ids
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    name: str
+    kind: NodeKind
+    cores: int
+    free_cores: int
+    memory_mb: float = 0.0
+    up: bool = True
+    gpus: tuple[GpuState, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunningJob:
+    job: JobSpec
+    placement: Placement
+    started_s: float
+    progress: float = 0.0  # 0..1 of its work, if known
+    paused: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """One frozen snapshot handed to a policy. ``pending`` is in queue (submission) order."""
+
+    now_s: float
+    nodes: tuple[NodeState, ...]
+    pending: tuple[JobSpec, ...]
+    running: tuple[RunningJob, ...] = ()
+
+    def node(self, name: str) -> NodeState:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A placement with the policy that chose it and a human-readable reason."""
+
+    placement: Placement
+    policy: str
+    explanation: str
+    score: float | None = None
+
+
+class ActionKind(StrEnum):
+    PAUSE = "pause"
+    RESUME = "resume"
+    REQUEUE = "requeue"
+    SET_DATA_RATIO = "set_data_ratio"
+    SET_WORKERS = "set_workers"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """A change to a running job (pause, resume, data ratio, worker count) with its reason."""
+
+    kind: ActionKind
+    job_id: str
+    policy: str
+    explanation: str
+    value: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one scheduling cycle decided. Jobs in ``waiting`` stay queued, with a reason each."""
+
+    decisions: tuple[Decision, ...] = ()
+    actions: tuple[Action, ...] = ()
+    waiting: Mapping[str, str] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""Scheduling policies: one module per policy, registered by name in ``registry``."""
