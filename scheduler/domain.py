@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from types import MappingProxyType
 from typing import Any
 
 
@@ -35,9 +34,6 @@ class JobKind(StrEnum):
 class NodeKind(StrEnum):
     CPU = "cpu"
     GPU = "gpu"
-
-
-EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +99,7 @@ class Profile:
     name: str
     kind: JobKind = JobKind.OTHER
     cpu_time_s: float | None = None
-    gpu_time_s: Mapping[str, float] = EMPTY
+    gpu_time_s: Mapping[str, float] = field(default_factory=dict)
     gpu_memory_max_mb: float | None = None
     gpu_memory_avg_mb: float | None = None
     memory_steps: tuple[MemoryStep, ...] = ()
@@ -156,7 +152,7 @@ class JobSpec:
     job_type: str | None = None  # key into measured interference tables (e.g. Gavel job_type)
     elastic_min: int | None = None
     elastic_max: int | None = None
-    params: Mapping[str, Any] = EMPTY
+    params: Mapping[str, Any] = field(default_factory=dict)
 
     def memory_need_mb(self) -> float:
         """GPU memory per GPU this job needs: asked, else profiled max, else 0."""
