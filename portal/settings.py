@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "portal.core",
     "portal.api",
     "portal.front",
@@ -100,6 +101,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Job submission, profiles and cluster state for Cosched.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI / Redoc assets come from drf-spectacular-sidecar: served by us, no CDN.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # Celery: without REDIS_URL, tasks run in-process (embedded default).
