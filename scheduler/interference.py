@@ -1,16 +1,59 @@
 """Interference: how much slower a job runs when it shares a GPU.
 
-``slowdown`` returns co-run time / solo time (>= 1 usually; 1 means no interference), the
-"interference value" of ALGORITHMS.md §2. Implementations: ``measured`` (Gavel co-location
-table), ``class_based`` (§4: M+M worst, C+C middle, M+C best) and, later, a trained model.
+``slowdown(job, co_runners, gpu, mode)`` returns a factor (unitless) by which the job's run
+time grows next to ``co_runners`` on a GPU of model ``gpu``: the "interference value" of
+ALGORITHMS.md §2 (co-run time / solo time). 1.0 means no interference; ``float("inf")`` means
+the jobs cannot run together at all (measured as infeasible, e.g. out of memory).
+
+Convention by sharing mode (the simulator relies on it):
+
+- ``EXCLUSIVE`` or no co-runners: always 1.0.
+- ``MIG``: 1.0. Instances are hardware-isolated (memory, cache, SMs; §4 Table 1); that an
+  instance is smaller than the whole GPU is a capacity question for the simulator, not
+  interference.
+- ``MPS``: the whole co-run slowdown. Jobs run concurrently, so co-run time / solo time is
+  all the model's doing; the simulator runs the job at ``1 / slowdown`` of its solo speed.
+- ``TIME_SLICING``: the *interference part only*. The simulator already shares time: with
+  ``n`` jobs on the GPU each gets ``1/n`` of it (plus a context-switch overhead), so the model
+  returns what comes on top of that: ``max(1, s / n)`` where ``s`` is the concurrent (MPS-like)
+  slowdown the model would give and ``n = 1 + len(co_runners)``. Under time-slicing a job is
+  never faster than its time share, and contexts do not overlap, so in practice this is 1.0
+  unless the pair interferes more than plain time sharing would (cache and TLB thrashing).
+  ``co_run_slowdown`` below composes the two into the total for callers that want one number.
+
+Combining more than two jobs: the data (Gavel) and the class rules (§4) are pairwise. For a job
+with several co-runners we add the pairwise excesses: ``1 + sum(s_pair - 1)``. Each co-runner
+steals its own share of the job's progress; summing is the first-order approximation. It is
+exact for one co-runner, pessimistic next to a product for small slowdowns only by second-order
+terms, and never lower than the worst single pair (taking the max would ignore the others).
+Any infeasible pair makes the whole group infeasible (``inf``).
+
+Implementations, registered by name for ``build_interference``:
+``measured`` (Gavel co-location table), ``class_based`` (§4: M+M worst, C+C middle, M+C best)
+and ``none`` (always 1.0). A trained model (§2) comes later under its own name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+import csv
+import functools
+import math
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
+from scheduler.classes import CM_THRESHOLD, cm_class, kernel_class
 from scheduler.domain import GpuSpec, JobSpec, SharingMode
+
+GAVEL_COLOCATION_CSV = Path(__file__).resolve().parent / "data" / "gavel" / "colocation.csv"
+
+#: Catalogue model -> ``gpu_type`` of the Gavel tables.
+GAVEL_GPU_TYPES: Mapping[str, str] = {"K80": "k80", "P100": "p100", "V100": "v100"}
+
+
+class InterferenceError(ValueError):
+    """An interference model was named or configured wrongly."""
 
 
 class InterferenceModel(Protocol):
@@ -19,5 +62,241 @@ class InterferenceModel(Protocol):
     def slowdown(
         self, job: JobSpec, co_runners: Sequence[JobSpec], gpu: GpuSpec, mode: SharingMode
     ) -> float:
-        """Co-run time / solo time of ``job`` on ``gpu`` next to ``co_runners`` under ``mode``."""
+        """Co-run time / solo time of ``job`` on ``gpu`` next to ``co_runners`` under ``mode``
+        (the interference part only under time-slicing; see the module docstring)."""
         ...
+
+
+def combine_pairwise(pair_slowdowns: Sequence[float]) -> float:
+    """Slowdown next to several co-runners from the pairwise ones: ``1 + sum(s - 1)``.
+
+    Empty -> 1.0; any ``inf`` -> ``inf``. See the module docstring for why the sum.
+    """
+    total = 1.0
+    for s in pair_slowdowns:
+        if math.isinf(s):
+            return math.inf
+        total += s - 1.0
+    return total
+
+
+def apply_mode(concurrent_slowdown: float, n_jobs: int, mode: SharingMode) -> float:
+    """Turn a concurrent (MPS-like) slowdown into what ``slowdown`` returns under ``mode``.
+
+    ``n_jobs`` counts the job itself and its co-runners. EXCLUSIVE and MIG: 1.0; MPS: as is;
+    TIME_SLICING: ``max(1, s / n_jobs)``, the part on top of the time share.
+    """
+    if n_jobs <= 1 or mode in (SharingMode.EXCLUSIVE, SharingMode.MIG):
+        return 1.0
+    if mode == SharingMode.TIME_SLICING:
+        if math.isinf(concurrent_slowdown):
+            return math.inf
+        return max(1.0, concurrent_slowdown / n_jobs)
+    return concurrent_slowdown
+
+
+def co_run_slowdown(
+    model: InterferenceModel,
+    job: JobSpec,
+    co_runners: Sequence[JobSpec],
+    gpu: GpuSpec,
+    mode: SharingMode,
+    *,
+    context_switch_overhead: float = 0.0,
+) -> float:
+    """Total co-run time / solo time of ``job``, time share included.
+
+    Under TIME_SLICING: ``n * (1 + context_switch_overhead) * model.slowdown(...)`` with ``n``
+    jobs on the GPU (``context_switch_overhead`` is a fraction, e.g. 0.05 = 5 %); otherwise the
+    model's value. For explanations and for callers that want one number.
+    """
+    part = model.slowdown(job, co_runners, gpu, mode)
+    if mode == SharingMode.TIME_SLICING and co_runners:
+        return (1 + len(co_runners)) * (1.0 + context_switch_overhead) * part
+    return part
+
+
+class NoInterference:
+    """Jobs never slow each other down (``none``): an upper bound to compare against."""
+
+    name = "none"
+
+    def slowdown(
+        self, job: JobSpec, co_runners: Sequence[JobSpec], gpu: GpuSpec, mode: SharingMode
+    ) -> float:
+        return 1.0
+
+
+@functools.lru_cache(maxsize=4)
+def _load_colocation(path: str) -> tuple[dict[tuple[str, str, str], float], dict[str, float]]:
+    """(gpu_type, job, co_runner) -> pairwise slowdown, and gpu_type -> median slowdown."""
+    table: dict[tuple[str, str, str], float] = {}
+    by_gpu: dict[str, list[float]] = {}
+    with open(path, newline="") as f:
+        for line, row in enumerate(csv.DictReader(f), start=2):
+            try:
+                gpu_type = row["gpu_type"].strip().lower()
+                feasible = row["feasible"].strip() not in ("0", "false", "False")
+                pairs = ((row["job_a"], row["job_b"], row["norm_a"]),)
+                pairs += ((row["job_b"], row["job_a"], row["norm_b"]),)
+                for job, other, norm_text in pairs:
+                    norm = float(norm_text)
+                    s = 1.0 / norm if feasible and norm > 0 else math.inf
+                    # A row written in the other orientation must not overwrite a direct one.
+                    table.setdefault((gpu_type, job, other), s)
+                    if math.isfinite(s):
+                        by_gpu.setdefault(gpu_type, []).append(s)
+            except (KeyError, ValueError) as exc:
+                raise InterferenceError(f"{path}, line {line}: bad row ({exc})") from exc
+    medians = {g: statistics.median(v) for g, v in by_gpu.items()}
+    return table, medians
+
+
+class MeasuredInterference:
+    """Pairwise slowdowns measured by Gavel (``measured``; ``data/gavel/colocation.csv``).
+
+    Looks up ``(gpu_type, job.job_type, co_runner.job_type)``: the slowdown is
+    ``1 / norm_a`` (``norm`` = co-located / solo throughput). ``gpu_type`` comes from
+    ``gpu_types`` (catalogue model -> table name, default K80/P100/V100 -> k80/p100/v100; add
+    e.g. ``{"T4": "v100"}`` to borrow a measured GPU for an unmeasured one). Pairs measured
+    infeasible (``feasible = 0``, memory) give ``inf``.
+
+    The table measures two jobs running concurrently on one GPU; it is read as the MPS
+    slowdown and turned into the time-slicing interference part as the module docstring says.
+
+    Missing data (a job without ``job_type``, a pair or a GPU model not in the table): the
+    ``fallback`` model is asked for that pair if one is given (an ``InterferenceModel`` or a
+    registered name, e.g. ``"class_based"``); otherwise ``default_slowdown`` if set; otherwise
+    the median measured slowdown on that GPU type (V100 1.47, P100 1.70, K80 1.87), or over
+    all GPU types for an unmeasured GPU. ``self.misses`` counts the fallbacks taken.
+    """
+
+    name = "measured"
+
+    def __init__(
+        self,
+        *,
+        path: str | Path = GAVEL_COLOCATION_CSV,
+        gpu_types: Mapping[str, str] | None = None,
+        fallback: InterferenceModel | str | None = None,
+        default_slowdown: float | None = None,
+    ) -> None:
+        self._table, self._medians = _load_colocation(str(path))
+        self._overall_median = statistics.median(self._medians.values()) if self._medians else 1.0
+        self.gpu_types = dict(GAVEL_GPU_TYPES if gpu_types is None else gpu_types)
+        self.fallback = build_interference(fallback) if isinstance(fallback, str) else fallback
+        self.default_slowdown = default_slowdown
+        self.misses = 0
+
+    def pair_slowdown(self, job: JobSpec, other: JobSpec, gpu: GpuSpec) -> float:
+        """Concurrent slowdown of ``job`` next to ``other`` alone on ``gpu`` (MPS-like)."""
+        gpu_type = self.gpu_types.get(gpu.model, gpu.model.lower())
+        if job.job_type is not None and other.job_type is not None:
+            s = self._table.get((gpu_type, job.job_type, other.job_type))
+            if s is not None:
+                return s
+        self.misses += 1
+        if self.fallback is not None:
+            return self.fallback.slowdown(job, (other,), gpu, SharingMode.MPS)
+        if self.default_slowdown is not None:
+            return self.default_slowdown
+        return self._medians.get(gpu_type, self._overall_median)
+
+    def slowdown(
+        self, job: JobSpec, co_runners: Sequence[JobSpec], gpu: GpuSpec, mode: SharingMode
+    ) -> float:
+        """See the class docstring and the module docstring for the mode convention."""
+        if not co_runners or mode in (SharingMode.EXCLUSIVE, SharingMode.MIG):
+            return 1.0
+        s = combine_pairwise([self.pair_slowdown(job, c, gpu) for c in co_runners])
+        return apply_mode(s, 1 + len(co_runners), mode)
+
+
+class ClassBasedInterference:
+    """Slowdown from the jobs' C/M classes (``class_based``; ALGORITHMS.md §4).
+
+    §4 orders the pairs M+M worst, C+C middle, M+C best (M+C often beats running the two one
+    after the other). The paper gives no numbers, so the factors are parameters (concurrent,
+    MPS-like slowdown of one job next to one co-runner):
+
+    - ``mm`` = 1.9: two memory-bound jobs fight for DRAM bandwidth, almost plain time sharing
+      (2.0);
+    - ``cc`` = 1.5: two compute-bound jobs split the SMs; near the median measured pairwise
+      slowdown on V100 in the Gavel table (1.47);
+    - ``mc`` = 1.2: complementary jobs; the pair's throughput (2 / 1.2 = 1.67 jobs' worth) beats
+      running them in turn;
+    - ``unknown`` = 1.5: either class unknown.
+
+    A job's class is ``cm_class`` (C/M ratio, threshold ``cm_threshold`` = 10; falls back to
+    SM efficiency / memory utilisation), else its kernel class (§3: ``memory`` and ``l1`` -> M,
+    ``compute`` -> C), else unknown. Pairs combine and modes apply as the module docstring says.
+    """
+
+    name = "class_based"
+
+    def __init__(
+        self,
+        *,
+        mm: float = 1.9,
+        cc: float = 1.5,
+        mc: float = 1.2,
+        unknown: float = 1.5,
+        cm_threshold: float = CM_THRESHOLD,
+    ) -> None:
+        if not (mc <= cc <= mm):
+            raise InterferenceError(
+                f"class_based factors must keep §4's order mc <= cc <= mm; got mc={mc}, "
+                f"cc={cc}, mm={mm}"
+            )
+        self.factors = {("M", "M"): mm, ("C", "C"): cc, ("C", "M"): mc, ("M", "C"): mc}
+        self.unknown = unknown
+        self.cm_threshold = cm_threshold
+
+    def job_class(self, job: JobSpec) -> str | None:
+        """``C``, ``M`` or None for ``job`` (see the class docstring)."""
+        cls = cm_class(job.profile, threshold=self.cm_threshold)
+        if cls is not None:
+            return cls
+        kc = kernel_class(job.profile)
+        if kc is None:
+            return None
+        return "C" if kc == "compute" else "M"
+
+    def pair_slowdown(self, job: JobSpec, other: JobSpec) -> float:
+        a, b = self.job_class(job), self.job_class(other)
+        if a is None or b is None:
+            return self.unknown
+        return self.factors[(a, b)]
+
+    def slowdown(
+        self, job: JobSpec, co_runners: Sequence[JobSpec], gpu: GpuSpec, mode: SharingMode
+    ) -> float:
+        """See the class docstring and the module docstring for the mode convention."""
+        if not co_runners or mode in (SharingMode.EXCLUSIVE, SharingMode.MIG):
+            return 1.0
+        s = combine_pairwise([self.pair_slowdown(job, c) for c in co_runners])
+        return apply_mode(s, 1 + len(co_runners), mode)
+
+
+INTERFERENCE_MODELS: dict[str, Callable[..., InterferenceModel]] = {
+    "measured": MeasuredInterference,
+    "class_based": ClassBasedInterference,
+    "none": NoInterference,
+}
+
+
+def build_interference(name: str, **params: Any) -> InterferenceModel:
+    """The interference model registered as ``name``, built with ``params``.
+
+    Raises InterferenceError naming the known models for an unknown name, and the model's
+    parameters for a bad one.
+    """
+    factory = INTERFERENCE_MODELS.get(name)
+    if factory is None:
+        raise InterferenceError(
+            f"unknown interference model {name!r}; known: {', '.join(sorted(INTERFERENCE_MODELS))}"
+        )
+    try:
+        return factory(**params)
+    except TypeError as exc:
+        raise InterferenceError(f"interference model {name!r}: {exc}") from exc
