@@ -1,0 +1,259 @@
+"""The ``nvml`` GPU backend: real NVIDIA GPUs read through pynvml (package nvidia-ml-py).
+
+The NVML module is injected (``NvmlBackend(nvml=module)``, default ``import pynvml``) so the unit
+tests can hand it a fake; the backend only uses pynvml's public names, and catches errors as
+``nvml.NVMLError`` with the ``nvml.NVML_ERROR_*`` codes of whichever module it was given.
+
+Readings: memory from ``nvmlDeviceGetMemoryInfo`` (bytes -> MiB), utilisation from
+``nvmlDeviceGetUtilizationRates().gpu`` (None where NVML does not support it, e.g. a GPU in MIG
+mode), per-process memory from ``nvmlDeviceGetComputeRunningProcesses`` (processes whose memory
+NVML cannot see are left out), MIG instances from ``nvmlDeviceGetMigDeviceHandleByIndex``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from types import ModuleType
+from typing import Any
+
+from scheduler.catalog import CATALOG, UnknownGpuModel, canonical_model
+from workers.gpu.base import (
+    DEFAULT_CLOCK,
+    Clock,
+    DeviceInfo,
+    GpuBackendError,
+    GpuSample,
+    MigDeviceInfo,
+    NvmlUnavailable,
+)
+
+MIB = 1024 * 1024
+
+MISSING_MESSAGE = (
+    "NVML is not available on this machine ({why}): use --backend virtual, "
+    "or install the NVIDIA driver on a host with an NVIDIA GPU"
+)
+
+_MIG_NAME = re.compile(r"MIG\s+(\d+g\.\d+gb)", re.IGNORECASE)
+_VENDOR_WORDS = ("nvidia ", "tesla ")
+
+
+def catalogue_model(device_name: str) -> str | None:
+    """The catalogue key for an NVML device name, or None if it maps to no known model.
+
+    Tries the name as is, without the vendor words "NVIDIA"/"Tesla", the part before the first
+    "-" (``A100-SXM4-80GB`` -> ``A100``) and then each word of the name.
+    """
+    name = device_name.strip()
+    candidates = [name]
+    lowered = name
+    for word in _VENDOR_WORDS:
+        if lowered.lower().startswith(word):
+            lowered = lowered[len(word) :]
+            candidates.append(lowered)
+    candidates.append(lowered.split("-")[0])
+    candidates.extend(lowered.split("-")[0].split())
+    for candidate in candidates:
+        try:
+            return canonical_model(candidate)
+        except UnknownGpuModel:
+            continue
+    return None
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class NvmlBackend:
+    """Real GPUs through NVML. Raises NvmlUnavailable at construction where NVML is missing."""
+
+    name = "nvml"
+
+    def __init__(self, nvml: ModuleType | Any | None = None, *, clock: Clock = DEFAULT_CLOCK):
+        if nvml is None:
+            try:
+                import pynvml as nvml
+            except ImportError as exc:  # the Python binding itself is missing
+                raise NvmlUnavailable(
+                    MISSING_MESSAGE.format(why="the pynvml module (nvidia-ml-py) is not installed")
+                ) from exc
+        self.nvml = nvml
+        self.clock = clock
+        self._open = False
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            raise self._init_error(exc) from exc
+        self._open = True
+
+    # --- errors -------------------------------------------------------------------------------
+
+    def _code(self, name: str) -> int | None:
+        return getattr(self.nvml, name, None)
+
+    def _is(self, exc: BaseException, *names: str) -> bool:
+        value = getattr(exc, "value", None)
+        return value is not None and any(value == self._code(n) for n in names)
+
+    def _describe(self, exc: BaseException) -> str:
+        try:
+            text = str(exc)
+        except Exception:  # pynvml's __str__ may itself call into the missing library
+            text = ""
+        return text or f"NVML error {getattr(exc, 'value', '?')}"
+
+    def _init_error(self, exc: BaseException) -> GpuBackendError:
+        if self._is(exc, "NVML_ERROR_LIBRARY_NOT_FOUND"):
+            return NvmlUnavailable(MISSING_MESSAGE.format(why="libnvidia-ml.so not found"))
+        if self._is(exc, "NVML_ERROR_DRIVER_NOT_LOADED"):
+            return NvmlUnavailable(MISSING_MESSAGE.format(why="the NVIDIA driver is not loaded"))
+        if self._is(exc, "NVML_ERROR_NO_PERMISSION"):
+            return NvmlUnavailable(
+                MISSING_MESSAGE.format(why="no permission to open the NVIDIA devices")
+            )
+        return GpuBackendError(f"NVML initialisation failed: {self._describe(exc)}")
+
+    def _optional(self, call: Any, *args: Any) -> Any:
+        """Result of an NVML call whose absence is normal (not supported, not found), else None."""
+        try:
+            return call(*args)
+        except self.nvml.NVMLError as exc:
+            if self._is(
+                exc,
+                "NVML_ERROR_NOT_SUPPORTED",
+                "NVML_ERROR_NOT_FOUND",
+                "NVML_ERROR_NO_PERMISSION",
+                "NVML_ERROR_FUNCTION_NOT_FOUND",
+                "NVML_ERROR_INVALID_ARGUMENT",
+            ):
+                return None
+            raise
+
+    def _required(self, what: str, index: int, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except self.nvml.NVMLError as exc:
+            raise GpuBackendError(f"GPU {index}: {what} failed: {self._describe(exc)}") from exc
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise GpuBackendError("the NVML backend is closed")
+
+    def _handles(self) -> list[Any]:
+        self._check_open()
+        n = self.nvml
+        count = self._required("device count", -1, n.nvmlDeviceGetCount)
+        return [
+            self._required("device handle", i, n.nvmlDeviceGetHandleByIndex, i)
+            for i in range(count)
+        ]
+
+    def _mig_handles(self, handle: Any) -> list[tuple[int, Any]]:
+        n = self.nvml
+        mode = self._optional(n.nvmlDeviceGetMigMode, handle)
+        if not mode or mode[0] != getattr(n, "NVML_DEVICE_MIG_ENABLE", 1):
+            return []
+        slots = self._optional(n.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
+        out = []
+        for slot in range(slots):
+            mig = self._optional(n.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+            if mig is not None:  # empty slots answer NOT_FOUND
+                out.append((slot, mig))
+        return out
+
+    def devices(self) -> list[DeviceInfo]:
+        n = self.nvml
+        out = []
+        for index, handle in enumerate(self._handles()):
+            name = _text(self._required("name", index, n.nvmlDeviceGetName, handle))
+            model = catalogue_model(name)
+            memory = self._required("memory info", index, n.nvmlDeviceGetMemoryInfo, handle)
+            attrs = self._optional(n.nvmlDeviceGetAttributes, handle)
+            sm_count = getattr(attrs, "multiprocessorCount", None) if attrs is not None else None
+            if sm_count is None and model is not None:
+                sm_count = CATALOG[model].sm_count
+            mode = self._optional(n.nvmlDeviceGetMigMode, handle)
+            mig_enabled = bool(mode) and mode[0] == getattr(n, "NVML_DEVICE_MIG_ENABLE", 1)
+            migs = []
+            for slot, mig in self._mig_handles(handle):
+                mig_name = _text(self._optional(n.nvmlDeviceGetName, mig) or "")
+                match = _MIG_NAME.search(mig_name)
+                mig_mem = self._optional(n.nvmlDeviceGetMemoryInfo, mig)
+                migs.append(
+                    MigDeviceInfo(
+                        index=slot,
+                        uuid=_text(self._required("MIG UUID", index, n.nvmlDeviceGetUUID, mig)),
+                        profile=match.group(1).lower() if match else None,
+                        memory_total_mb=mig_mem.total / MIB if mig_mem is not None else 0.0,
+                        gpu_instance_id=self._optional(n.nvmlDeviceGetGpuInstanceId, mig),
+                        compute_instance_id=self._optional(n.nvmlDeviceGetComputeInstanceId, mig),
+                    )
+                )
+            out.append(
+                DeviceInfo(
+                    index=index,
+                    uuid=_text(self._required("UUID", index, n.nvmlDeviceGetUUID, handle)),
+                    name=name,
+                    model=model,
+                    memory_total_mb=memory.total / MIB,
+                    sm_count=sm_count,
+                    mig_enabled=mig_enabled,
+                    mig_devices=tuple(migs),
+                )
+            )
+        return out
+
+    def _processes(self, handle: Any) -> dict[int, float] | None:
+        procs = self._optional(self.nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+        if procs is None:
+            return None
+        out: dict[int, float] = {}
+        for proc in procs:
+            used = getattr(proc, "usedGpuMemory", None)
+            if used is not None:  # None: NVML cannot see it (WDDM, other containers)
+                out[int(proc.pid)] = out.get(int(proc.pid), 0.0) + used / MIB
+        return out
+
+    def sample(self, now: float | None = None) -> list[GpuSample]:
+        n = self.nvml
+        stamp = self.clock() if now is None else now
+        samples = []
+        for index, handle in enumerate(self._handles()):
+            memory = self._required("memory info", index, n.nvmlDeviceGetMemoryInfo, handle)
+            rates = self._optional(n.nvmlDeviceGetUtilizationRates, handle)
+            migs = self._mig_handles(handle)
+            listed = self._processes(handle)
+            processes = dict(listed or {})
+            mig_used: dict[str, float] = {}
+            for _slot, mig in migs:
+                uuid = _text(self._required("MIG UUID", index, n.nvmlDeviceGetUUID, mig))
+                mig_mem = self._optional(n.nvmlDeviceGetMemoryInfo, mig)
+                if mig_mem is not None:
+                    mig_used[uuid] = mig_mem.used / MIB
+                if listed is None:  # the parent would not list them: ask each MIG instance
+                    for pid, mb in (self._processes(mig) or {}).items():
+                        processes[pid] = processes.get(pid, 0.0) + mb
+            samples.append(
+                GpuSample(
+                    index=index,
+                    uuid=_text(self._required("UUID", index, n.nvmlDeviceGetUUID, handle)),
+                    timestamp=stamp,
+                    util_pct=float(rates.gpu) if rates is not None else None,
+                    memory_used_mb=memory.used / MIB,
+                    memory_total_mb=memory.total / MIB,
+                    process_memory_mb=processes,
+                    mig_memory_used_mb=mig_used,
+                )
+            )
+        return samples
+
+    def close(self) -> None:
+        if not self._open:
+            return
+        self._open = False
+        with contextlib.suppress(self.nvml.NVMLError):  # shutting down anyway
+            self.nvml.nvmlShutdown()
