@@ -9,13 +9,22 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from portal.core.models import ApplicationProfile, Job, JobEvent
+from portal.core.importers import ProfileImportError, ProfileRecord, RowError, parse_profiles
+from portal.core.models import (
+    ApplicationProfile,
+    Job,
+    JobEvent,
+    ProfileGpuTime,
+    ProfileMemoryStep,
+)
 from portal.core.states import TERMINAL, IllegalTransition, JobState, can_transition
 
 # Timestamp column set when a job enters a state.
@@ -61,7 +70,7 @@ def job_transition(
             fresh = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
             raise IllegalTransition(job.pk, fresh, target_state)
         if target_state == JobState.PENDING:
-            Job.objects.filter(pk=job.pk).update(requeue_count=job.requeue_count + 1)
+            Job.objects.filter(pk=job.pk).update(requeue_count=F("requeue_count") + 1)
         if target_state in TERMINAL or target_state == JobState.PENDING:
             job.placements.filter(active=True).update(active=False, released_at=now)
         JobEvent.objects.create(
@@ -93,6 +102,41 @@ class IdempotencyConflict(Exception):
         self.job = job
 
 
+def job_rule_errors(
+    data: dict[str, Any], *, skip: set[str] | frozenset[str] = frozenset()
+) -> dict[str, list[str]]:
+    """The business rules of a submission, per field (empty dict: all good).
+
+    ``data`` holds already type-checked values; fields in ``skip`` (those that already failed
+    their type check) are left out of every rule that reads them, so callers can report type
+    errors and rule errors together.
+    """
+    errors: dict[str, list[str]] = {}
+    profile: ApplicationProfile | None = data.get("profile")
+    if (
+        "profile" not in skip
+        and profile is not None
+        and profile.status != ApplicationProfile.Status.APPROVED
+    ):
+        errors.setdefault("profile", []).append(
+            f"profile {profile} is {profile.status}; only approved profiles can be used"
+        )
+    if (
+        not skip & {"command", "container_image"}
+        and not (data.get("command") or "").strip()
+        and not (data.get("container_image") or "").strip()
+    ):
+        errors.setdefault("command", []).append("give a command (or a container image)")
+    emin, emax = data.get("elastic_min_workers"), data.get("elastic_max_workers")
+    if emin is not None and emax is not None and emin > emax:
+        errors.setdefault("elastic_max_workers", []).append(
+            f"must be at least elastic_min_workers ({emin})"
+        )
+    if "gpus" not in skip and data.get("gpus", 0) == 0 and data.get("gpu_memory_mb"):
+        errors.setdefault("gpu_memory_mb", []).append("a CPU-only job (gpus=0) asks no GPU memory")
+    return errors
+
+
 def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -> tuple[Job, bool]:
     """Create a PENDING job for ``owner`` from already type-checked fields.
 
@@ -101,23 +145,10 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
     request created (``created`` False) instead of a second one; a different body under the same
     key raises ``IdempotencyConflict``. Returns ``(job, created)``.
     """
-    errors: dict[str, list[str]] = {}
-    profile: ApplicationProfile | None = data.get("profile")
-    if profile is not None and profile.status != ApplicationProfile.Status.APPROVED:
-        errors.setdefault("profile", []).append(
-            f"profile {profile} is {profile.status}; only approved profiles can be used"
-        )
-    if not (data.get("command") or "").strip() and not (data.get("container_image") or "").strip():
-        errors.setdefault("command", []).append("give a command (or a container image)")
-    emin, emax = data.get("elastic_min_workers"), data.get("elastic_max_workers")
-    if emin is not None and emax is not None and emin > emax:
-        errors.setdefault("elastic_max_workers", []).append(
-            f"must be at least elastic_min_workers ({emin})"
-        )
-    if data.get("gpus", 0) == 0 and data.get("gpu_memory_mb"):
-        errors.setdefault("gpu_memory_mb", []).append("a CPU-only job (gpus=0) asks no GPU memory")
+    errors = job_rule_errors(data)
     if errors:
         raise ValidationError(errors)
+    profile: ApplicationProfile | None = data.get("profile")
     if profile is not None and not data.get("kind"):
         data["kind"] = profile.kind
 
@@ -176,3 +207,146 @@ def job_cancel(job: Job, *, actor: str, message: str = "cancelled") -> Job:
         return job
     transaction.on_commit(lambda: triggers.on_job_cancelled(job.pk))
     return job
+
+
+# ---------------------------------------------------------------------------------------------
+# Profiles: create / update, import, approve, retire
+
+
+def _profile_write(
+    record: ProfileRecord, *, profile: ApplicationProfile | None, **extra: Any
+) -> ApplicationProfile:
+    """Create (``profile`` None) or update a profile from a validated record: only the fields
+    the record gives are written; child tables are replaced when the record gives them."""
+    if profile is None:
+        profile = ApplicationProfile(**record.fields, **extra)
+    else:
+        for name, value in {**record.fields, **extra}.items():
+            setattr(profile, name, value)
+    profile.save()
+    if record.gpu_times is not None:
+        profile.gpu_times.all().delete()
+        ProfileGpuTime.objects.bulk_create(
+            ProfileGpuTime(profile=profile, gpu_model=model, time_s=seconds)
+            for model, seconds in sorted(record.gpu_times.items())
+        )
+    if record.memory_steps is not None:
+        profile.memory_steps.all().delete()
+        ProfileMemoryStep.objects.bulk_create(
+            ProfileMemoryStep(profile=profile, index=i, start_fraction=start, from_mb=lo, to_mb=hi)
+            for i, (start, lo, hi) in enumerate(record.memory_steps, 1)
+        )
+    return profile
+
+
+def profile_save(
+    record: ProfileRecord,
+    *,
+    actor: Any = None,
+    profile: ApplicationProfile | None = None,
+    source: str = ApplicationProfile.Source.MANUAL,
+) -> ApplicationProfile:
+    """Create a draft profile from ``record`` (or update ``profile``) in one transaction.
+
+    A new name+version that already exists raises ``ValidationError`` on ``name``."""
+    with transaction.atomic():
+        clash = ApplicationProfile.objects.filter(
+            name=record.fields.get("name", profile.name if profile else ""),
+            version=record.fields.get("version", profile.version if profile else "1"),
+        )
+        if profile is not None:
+            clash = clash.exclude(pk=profile.pk)
+        if clash.exists():
+            raise ValidationError({"name": ["a profile with this name and version already exists"]})
+        if profile is None:
+            return _profile_write(record, profile=None, source=source, created_by=actor)
+        return _profile_write(record, profile=profile)
+
+
+@dataclass
+class ImportResult:
+    created: list[ApplicationProfile]
+    updated: list[ApplicationProfile]
+
+    @property
+    def profiles(self) -> list[ApplicationProfile]:
+        return self.created + self.updated
+
+
+def profile_import(
+    content: bytes | str,
+    *,
+    actor: Any = None,
+    fmt: str | None = None,
+    filename: str | None = None,
+    status: str = ApplicationProfile.Status.DRAFT,
+    source: str = ApplicationProfile.Source.IMPORTED,
+    update_existing: bool = False,
+    options: dict[str, Any] | None = None,
+) -> ImportResult:
+    """Import profiles from a file (formats: ``portal.core.importers``), all or nothing.
+
+    Every row is validated first; any error raises ``ProfileImportError`` listing every bad
+    row and field, and nothing is stored. A name+version that exists already is an error unless
+    ``update_existing`` (then the fields the file gives overwrite, the rest are kept). Imported
+    profiles get ``status`` (default draft) and ``source`` (default imported).
+    """
+    if status not in ApplicationProfile.Status.values:
+        raise ProfileImportError([RowError(None, "status", f"unknown status {status!r}")])
+    if source not in ApplicationProfile.Source.values:
+        raise ProfileImportError([RowError(None, "source", f"unknown source {source!r}")])
+    records = parse_profiles(content, fmt=fmt, filename=filename, options=options)
+    now = timezone.now()
+    approval: dict[str, Any] = {"status": status, "source": source}
+    if status == ApplicationProfile.Status.APPROVED:
+        approval.update(approved_by=actor, approved_at=now)
+    result = ImportResult(created=[], updated=[])
+    with transaction.atomic():
+        existing = {
+            (p.name, p.version): p
+            for p in ApplicationProfile.objects.select_for_update().filter(
+                name__in=[r.key[0] for r in records]
+            )
+        }
+        errors = [
+            RowError(
+                r.row,
+                "name",
+                f"profile {r.key[0]} v{r.key[1]} already exists (id {existing[r.key].pk}); "
+                "import with update_existing to overwrite it",
+            )
+            for r in records
+            if r.key in existing and not update_existing
+        ]
+        if errors:
+            raise ProfileImportError(errors)
+        for record in records:
+            current = existing.get(record.key)
+            if current is None:
+                result.created.append(
+                    _profile_write(record, profile=None, created_by=actor, **approval)
+                )
+            else:
+                result.updated.append(_profile_write(record, profile=current, **approval))
+    return result
+
+
+def profile_approve(profile: ApplicationProfile, *, actor: Any) -> ApplicationProfile:
+    """Approve a profile (jobs may then reference it); records who and when."""
+    ApplicationProfile.objects.filter(pk=profile.pk).update(
+        status=ApplicationProfile.Status.APPROVED,
+        approved_by=actor,
+        approved_at=timezone.now(),
+        updated_at=timezone.now(),
+    )
+    profile.refresh_from_db()
+    return profile
+
+
+def profile_retire(profile: ApplicationProfile, *, actor: Any) -> ApplicationProfile:
+    """Retire a profile: existing jobs keep it, new jobs may no longer use it."""
+    ApplicationProfile.objects.filter(pk=profile.pk).update(
+        status=ApplicationProfile.Status.RETIRED, updated_at=timezone.now()
+    )
+    profile.refresh_from_db()
+    return profile

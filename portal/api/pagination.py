@@ -1,0 +1,9 @@
+"""Page-number pagination with a client-chosen page size (``?page=2&page_size=20``)."""
+
+from rest_framework.pagination import PageNumberPagination
+
+
+class StandardPagination(PageNumberPagination):
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500

@@ -1,0 +1,355 @@
+"""Request and response shapes of the REST API. Type checks only: business rules are in
+``portal.core.services`` (called from here so type and rule errors come back together)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from portal.core import selectors, services
+from portal.core.adapters import derived_classes
+from portal.core.importers import FORMATS, ProfileImportError, validate_profile_mapping
+from portal.core.models import (
+    JOB_KINDS,
+    ApplicationProfile,
+    Gpu,
+    Job,
+    JobEvent,
+    Node,
+)
+
+
+class RejectUnknownFieldsMixin:
+    """A typo in a CI job file (``gpu``, ``comand``) is a 400 naming the field, not silently
+    ignored. Read-only response fields sent back in a request are rejected the same way."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, dict):
+            writable = {name for name, f in self.fields.items() if not f.read_only}
+            unknown = sorted(set(data) - writable)
+            if unknown:
+                allowed = ", ".join(sorted(writable))
+                self._unknown_errors = {
+                    name: [f"unknown field; the writable fields are: {allowed}"] for name in unknown
+                }
+            else:
+                self._unknown_errors = {}
+        return super().to_internal_value(data)
+
+
+class PlacementSerializer(serializers.Serializer):
+    node = serializers.CharField(source="node.name")
+    gpus = serializers.SerializerMethodField(help_text="GPU indices on the node")
+    sharing_mode = serializers.CharField()
+    mps_percentage = serializers.IntegerField(allow_null=True)
+    mig_profile = serializers.CharField()
+    policy = serializers.CharField()
+    explanation = serializers.CharField()
+
+    def get_gpus(self, placement: Any) -> list[int]:
+        return sorted(g.index for g in placement.gpus.all())
+
+
+class JobEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobEvent
+        fields = ["at", "from_state", "to_state", "actor", "message"]
+
+
+class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+    """The job contract CI pipelines rely on (extend it, never rename a field)."""
+
+    profile = serializers.PrimaryKeyRelatedField(
+        queryset=ApplicationProfile.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="id of an approved application profile",
+    )
+    gpus = serializers.IntegerField(min_value=0, required=False, help_text="0 = CPU-only job")
+    gpu_memory_mb = serializers.IntegerField(
+        min_value=1, required=False, allow_null=True, help_text="per GPU"
+    )
+    cpus = serializers.IntegerField(min_value=1, required=False)
+    memory_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    kind = serializers.ChoiceField(choices=JOB_KINDS, required=False)
+    params = serializers.DictField(required=False, help_text="free-form job parameters (object)")
+    priority = serializers.IntegerField(
+        required=False, min_value=-1000, max_value=1000, help_text="higher runs first"
+    )
+    command = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    container_image = serializers.CharField(required=False, allow_blank=True, max_length=300)
+    elastic_min_workers = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    elastic_max_workers = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    owner = serializers.CharField(source="owner.get_username", read_only=True)
+    placement = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "name",
+            "command",
+            "container_image",
+            "profile",
+            "gpus",
+            "gpu_memory_mb",
+            "cpus",
+            "memory_mb",
+            "kind",
+            "params",
+            "priority",
+            "elastic_min_workers",
+            "elastic_max_workers",
+            "state",
+            "owner",
+            "submitted_at",
+            "scheduled_at",
+            "started_at",
+            "finished_at",
+            "exit_code",
+            "failure_reason",
+            "requeue_count",
+            "placement",
+        ]
+        read_only_fields = [
+            "id",
+            "state",
+            "submitted_at",
+            "scheduled_at",
+            "started_at",
+            "finished_at",
+            "exit_code",
+            "failure_reason",
+            "requeue_count",
+        ]
+
+    @extend_schema_field(PlacementSerializer(allow_null=True))
+    def get_placement(self, job: Job) -> dict[str, Any] | None:
+        placement = selectors.job_placement(job)
+        return None if placement is None else PlacementSerializer(placement).data
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        """Report type errors, unknown fields and business-rule errors in one 400."""
+        try:
+            values = super().to_internal_value(data)
+            errors: dict[str, Any] = {}
+        except serializers.ValidationError as exc:
+            if not isinstance(exc.detail, dict):
+                raise
+            errors = dict(exc.detail)
+            values = self._valid_subset(data, set(errors))
+        errors.update(getattr(self, "_unknown_errors", {}))
+        for name, messages in services.job_rule_errors(values, skip=set(errors)).items():
+            errors.setdefault(name, []).extend(messages)
+        if errors:
+            raise serializers.ValidationError(errors)
+        return values
+
+    def _valid_subset(self, data: Any, failed: set[str]) -> dict[str, Any]:
+        """The values of the fields that passed their type check (for the rule checks)."""
+        values: dict[str, Any] = {}
+        if not isinstance(data, dict):
+            return values
+        for field in self._writable_fields:
+            if field.field_name in failed or field.field_name not in data:
+                continue
+            try:
+                values[field.source] = field.run_validation(data[field.field_name])
+            except serializers.ValidationError:
+                failed.add(field.field_name)
+        return values
+
+
+class JobDetailSerializer(JobSerializer):
+    events = serializers.SerializerMethodField(help_text="the job's timeline, oldest first")
+
+    class Meta(JobSerializer.Meta):
+        fields = [*JobSerializer.Meta.fields, "events"]
+
+    @extend_schema_field(JobEventSerializer(many=True))
+    def get_events(self, job: Job) -> list[dict[str, Any]]:
+        return JobEventSerializer(selectors.job_events(job), many=True).data
+
+
+class ErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+
+
+class CancelConflictSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    state = serializers.CharField()
+
+
+class MemoryStepSerializer(serializers.Serializer):
+    start_fraction = serializers.FloatField(min_value=0, max_value=1, required=False)
+    from_mb = serializers.FloatField(min_value=0)
+    to_mb = serializers.FloatField(min_value=0)
+
+
+class GpuTimesField(serializers.DictField):
+    """``{"V100": 198.0, ...}`` read from the profile's ``gpu_times`` rows."""
+
+    def get_attribute(self, instance: ApplicationProfile) -> dict[str, float]:
+        return {t.gpu_model: t.time_s for t in instance.gpu_times.all()}
+
+
+class ProfileSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
+    """An application profile (ALGORITHMS.md §1-§4), in the same schema as the JSON import
+    (docs/profiles.md). ``gpu_time_s`` maps a GPU catalogue model to solo run seconds."""
+
+    gpu_time_s = GpuTimesField(
+        child=serializers.FloatField(min_value=0), required=False, help_text="{model: seconds}"
+    )
+    memory_steps = MemoryStepSerializer(many=True, required=False)
+    classes = serializers.SerializerMethodField(
+        help_text="derived classes (scheduler.classes): kernel class, C/M class, scale class"
+    )
+    approved_by = serializers.CharField(
+        source="approved_by.get_username", read_only=True, default=None
+    )
+
+    class Meta:
+        model = ApplicationProfile
+        exclude = ["created_by"]
+        read_only_fields = ["status", "source", "approved_at", "created_at", "updated_at"]
+
+    @extend_schema_field(OpenApiTypes.OBJECT)
+    def get_classes(self, profile: ApplicationProfile) -> dict[str, str | None]:
+        return derived_classes(profile)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Check with the import rules too (GPU model names, step order, percentages)."""
+        if getattr(self, "_unknown_errors", None):
+            raise serializers.ValidationError(self._unknown_errors)
+        raw = dict(self.initial_data)
+        if self.instance is not None:
+            raw.setdefault("name", self.instance.name)
+            raw.setdefault("version", self.instance.version)
+        try:
+            self.record = validate_profile_mapping(raw)
+        except ProfileImportError as exc:
+            errors: dict[str, list[str]] = {}
+            for error in exc.errors:
+                errors.setdefault(error.field, []).append(error.message)
+            raise serializers.ValidationError(errors) from None
+        return attrs
+
+    def create(self, validated_data: dict[str, Any]) -> ApplicationProfile:
+        return _as_validation_error(
+            services.profile_save, self.record, actor=self.context["request"].user
+        )
+
+    def update(self, instance: ApplicationProfile, validated_data: dict[str, Any]) -> Any:
+        return _as_validation_error(
+            services.profile_save,
+            self.record,
+            actor=self.context["request"].user,
+            profile=instance,
+        )
+
+
+def _as_validation_error(func: Any, *args: Any, **kwargs: Any) -> Any:
+    try:
+        return func(*args, **kwargs)
+    except DjangoValidationError as exc:
+        raise serializers.ValidationError(exc.message_dict) from None
+
+
+class ProfileImportSerializer(serializers.Serializer):
+    """``POST /api/v1/profiles/import/``: a multipart ``file``, or ``content`` as text."""
+
+    file = serializers.FileField(required=False)
+    content = serializers.CharField(
+        required=False, trim_whitespace=False, help_text="the file's text (instead of file)"
+    )
+    profiles = serializers.ListField(
+        child=serializers.DictField(),
+        required=False,
+        help_text="JSON body: the profiles in our JSON schema (instead of file/content)",
+    )
+    format = serializers.ChoiceField(choices=FORMATS, required=False)
+    status = serializers.ChoiceField(
+        choices=ApplicationProfile.Status.choices, default=ApplicationProfile.Status.DRAFT
+    )
+    source = serializers.ChoiceField(
+        choices=ApplicationProfile.Source.choices, default=ApplicationProfile.Source.IMPORTED
+    )
+    update_existing = serializers.BooleanField(default=False)
+    name = serializers.CharField(required=False, help_text="profile name (nvprof / ncu files)")
+    version = serializers.CharField(required=False)
+    kind = serializers.ChoiceField(choices=JOB_KINDS, required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        given = [k for k in ("file", "content", "profiles") if attrs.get(k) is not None]
+        if len(given) != 1:
+            raise serializers.ValidationError(
+                {"file": ["give exactly one of file (multipart), content or profiles"]}
+            )
+        return attrs
+
+
+class RowErrorSerializer(serializers.Serializer):
+    row = serializers.IntegerField(allow_null=True)
+    field = serializers.CharField()
+    message = serializers.CharField()
+
+
+class ImportErrorSerializer(serializers.Serializer):
+    detail = serializers.CharField()
+    errors = RowErrorSerializer(many=True)
+
+
+class ImportResultSerializer(serializers.Serializer):
+    created = serializers.ListField(child=serializers.IntegerField())
+    updated = serializers.ListField(child=serializers.IntegerField())
+    profiles = ProfileSerializer(many=True)
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    node = serializers.CharField(source="node.name", read_only=True)
+
+    class Meta:
+        model = Gpu
+        fields = [
+            "id",
+            "node",
+            "index",
+            "uuid",
+            "model",
+            "architecture",
+            "memory_mb",
+            "sm_count",
+            "sharing_modes",
+            "mig_profiles",
+            "current_mode",
+        ]
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    gpus = GpuSerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "cores",
+            "memory_mb",
+            "backend",
+            "status",
+            "last_heartbeat",
+            "gpus",
+        ]
+
+
+class MeSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    username = serializers.CharField()
+    email = serializers.CharField()
+    is_staff = serializers.BooleanField()
+    auth = serializers.CharField(help_text="how this request authenticated: token or session")

@@ -1,0 +1,373 @@
+"""REST API v1 views: thin wrappers over ``portal.core.selectors`` (reads) and
+``portal.core.services`` (writes)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiExample,
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    extend_schema_view,
+)
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action, api_view
+from rest_framework.exceptions import ValidationError
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.permissions import IsAdminUser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from portal.api.pagination import StandardPagination
+from portal.api.permissions import IsStaffOrReadOnly
+from portal.api.serializers import (
+    CancelConflictSerializer,
+    ErrorSerializer,
+    GpuSerializer,
+    ImportErrorSerializer,
+    ImportResultSerializer,
+    JobDetailSerializer,
+    JobSerializer,
+    MeSerializer,
+    NodeSerializer,
+    ProfileImportSerializer,
+    ProfileSerializer,
+)
+from portal.core import selectors, services
+from portal.core.importers import ProfileImportError
+from portal.core.states import IllegalTransition
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
+MAX_KEY_LENGTH = 200
+
+
+def _query_errors(exc: DjangoValidationError) -> ValidationError:
+    return ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+
+
+idempotency_parameter = OpenApiParameter(
+    name=IDEMPOTENCY_HEADER,
+    type=str,
+    location=OpenApiParameter.HEADER,
+    required=False,
+    description=(
+        "Makes the submission safe to retry: a retry with the same key and the same body "
+        "returns the job the first request created (200, header `Idempotent-Replayed: true`) "
+        "instead of creating a second one; the same key with a different body is a 422. "
+        f"Keys are per user, at most {MAX_KEY_LENGTH} characters."
+    ),
+)
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="List jobs (your own; staff: all)",
+        parameters=[
+            OpenApiParameter(
+                "state", str, description="state(s), comma-separated, e.g. PENDING,RUNNING"
+            ),
+            OpenApiParameter("kind", str, description="dl-train, dl-infer, hpc or other"),
+            OpenApiParameter("search", str, description="substring of the job name"),
+        ],
+    ),
+    retrieve=extend_schema(
+        summary="One job with its timeline",
+        responses={200: JobDetailSerializer, 404: ErrorSerializer},
+    ),
+)
+class JobViewSet(
+    mixins.ListModelMixin,
+    mixins.RetrieveModelMixin,
+    viewsets.GenericViewSet,
+):
+    """Jobs. A user sees and cancels only their own jobs (another user's job is a 404)."""
+
+    serializer_class = JobSerializer
+    pagination_class = StandardPagination
+
+    def get_queryset(self) -> Any:
+        params = self.request.query_params
+        try:
+            return selectors.jobs_visible_to(
+                self.request.user,
+                state=params.getlist("state") or None,
+                kind=params.get("kind"),
+                search=params.get("search") or params.get("name"),
+            )
+        except DjangoValidationError as exc:
+            raise _query_errors(exc) from None
+
+    def get_serializer_class(self) -> Any:
+        return JobDetailSerializer if self.action == "retrieve" else JobSerializer
+
+    def get_object(self) -> Any:
+        return selectors.job_for_user(self.request.user, self.kwargs["pk"])
+
+    @extend_schema(
+        summary="Submit a job",
+        parameters=[idempotency_parameter],
+        request=JobSerializer,
+        responses={
+            201: OpenApiResponse(JobSerializer, description="created"),
+            200: OpenApiResponse(
+                JobSerializer,
+                description="a retry with the same Idempotency-Key: the job created first",
+            ),
+            400: OpenApiResponse(
+                OpenApiTypes.OBJECT, description="field -> list of messages, every bad field"
+            ),
+            422: OpenApiResponse(
+                ErrorSerializer,
+                description="the Idempotency-Key was used before with a different body",
+            ),
+        },
+        examples=[
+            OpenApiExample(
+                "GPU training job",
+                value={
+                    "name": "resnet50-nightly",
+                    "command": "python train.py --epochs 3",
+                    "gpus": 1,
+                    "gpu_memory_mb": 8000,
+                    "cpus": 4,
+                    "kind": "dl-train",
+                    "params": {"batch_size": 64},
+                    "priority": 0,
+                },
+                request_only=True,
+            )
+        ],
+    )
+    def create(self, request: Request) -> Response:
+        key = request.headers.get(IDEMPOTENCY_HEADER) or None
+        if key is not None and len(key) > MAX_KEY_LENGTH:
+            raise ValidationError({IDEMPOTENCY_HEADER: [f"at most {MAX_KEY_LENGTH} characters"]})
+        serializer = JobSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        try:
+            job, created = services.job_submit(
+                request.user, idempotency_key=key, **serializer.validated_data
+            )
+        except DjangoValidationError as exc:
+            raise _query_errors(exc) from None
+        except services.IdempotencyConflict as exc:
+            return Response(
+                {
+                    "detail": (
+                        f"{IDEMPOTENCY_HEADER} {key!r} was already used for job {exc.job.pk} "
+                        "with a different request body; use a new key for a new job"
+                    ),
+                    "job": exc.job.pk,
+                },
+                status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+            )
+        job = selectors.job_for_user(request.user, job.pk)
+        body = JobSerializer(job, context=self.get_serializer_context()).data
+        if created:
+            return Response(
+                body,
+                status=status.HTTP_201_CREATED,
+                headers={"Location": f"/api/v1/jobs/{job.pk}/"},
+            )
+        return Response(body, status=status.HTTP_200_OK, headers={REPLAYED_HEADER: "true"})
+
+    @extend_schema(
+        summary="Cancel a job",
+        description=(
+            "Cancels a job that has not finished (PENDING, SCHEDULED, RUNNING or PAUSED). "
+            "A finished job (COMPLETED, FAILED, CANCELLED) is a 409; another user's job a 404."
+        ),
+        request=None,
+        responses={
+            200: JobSerializer,
+            404: ErrorSerializer,
+            409: OpenApiResponse(CancelConflictSerializer, description="the job has finished"),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        try:
+            job = services.job_cancel(job, actor=f"user:{request.user.get_username()}")
+        except IllegalTransition as exc:
+            return Response(
+                {
+                    "detail": (
+                        f"job {job.pk} is already {exc.current}: only a job that has not "
+                        "finished can be cancelled"
+                    ),
+                    "state": exc.current,
+                },
+                status=status.HTTP_409_CONFLICT,
+            )
+        job = selectors.job_for_user(request.user, job.pk)
+        return Response(JobSerializer(job, context=self.get_serializer_context()).data)
+
+
+@extend_schema_view(
+    list=extend_schema(
+        summary="List profiles (approved ones; staff: all)",
+        parameters=[
+            OpenApiParameter("status", str, description="staff: draft, approved or retired"),
+            OpenApiParameter("kind", str),
+            OpenApiParameter("search", str, description="substring of the profile name"),
+        ],
+    ),
+    create=extend_schema(summary="Create a draft profile (staff)"),
+    update=extend_schema(summary="Replace a profile's fields (staff)"),
+    partial_update=extend_schema(summary="Change some of a profile's fields (staff)"),
+    destroy=extend_schema(summary="Delete a profile no job uses (staff)"),
+)
+class ProfileViewSet(viewsets.ModelViewSet):
+    """Application profiles: readable by every user (approved ones), writable by staff."""
+
+    serializer_class = ProfileSerializer
+    permission_classes = [IsStaffOrReadOnly]
+    pagination_class = StandardPagination
+
+    def get_queryset(self) -> Any:
+        params = self.request.query_params
+        return selectors.profiles_visible_to(
+            self.request.user,
+            status=params.get("status"),
+            kind=params.get("kind"),
+            search=params.get("search"),
+        )
+
+    def get_object(self) -> Any:
+        profile = selectors.profile_for_user(self.request.user, self.kwargs["pk"])
+        self.check_object_permissions(self.request, profile)
+        return profile
+
+    def perform_destroy(self, instance: Any) -> None:
+        if instance.jobs.exists():
+            raise ValidationError(
+                {"detail": "jobs use this profile; retire it instead of deleting it"}
+            )
+        instance.delete()
+
+    @extend_schema(summary="Approve a profile (staff)", request=None)
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        profile = services.profile_approve(self.get_object(), actor=request.user)
+        return Response(ProfileSerializer(profile, context=self.get_serializer_context()).data)
+
+    @extend_schema(summary="Retire a profile (staff)", request=None)
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def retire(self, request: Request, pk: str | None = None) -> Response:
+        profile = services.profile_retire(self.get_object(), actor=request.user)
+        return Response(ProfileSerializer(profile, context=self.get_serializer_context()).data)
+
+    @extend_schema(
+        summary="Import profiles from a file (staff)",
+        description=(
+            "CSV or JSON in Cosched's schema (docs/profiles.md), nvprof `--csv --metrics` "
+            "output or Nsight Compute `ncu --csv` output. All or nothing: one bad row rejects "
+            "the file with every row-level error."
+        ),
+        request={
+            "multipart/form-data": ProfileImportSerializer,
+            "application/json": ProfileImportSerializer,
+        },
+        responses={
+            201: ImportResultSerializer,
+            400: OpenApiResponse(ImportErrorSerializer, description="row-level errors"),
+        },
+    )
+    @action(
+        detail=False,
+        methods=["post"],
+        url_path="import",
+        permission_classes=[IsAdminUser],
+        parser_classes=[MultiPartParser, FormParser, JSONParser],
+    )
+    def import_profiles(self, request: Request) -> Response:
+        form = ProfileImportSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        data = form.validated_data
+        filename = None
+        fmt = data.get("format")
+        if data.get("file") is not None:
+            content: bytes | str = data["file"].read()
+            filename = data["file"].name
+        elif data.get("content") is not None:
+            content = data["content"]
+        else:
+            content = json.dumps(data["profiles"])
+            fmt = "json"
+        options = {k: data[k] for k in ("name", "version", "kind") if data.get(k)}
+        try:
+            result = services.profile_import(
+                content,
+                actor=request.user,
+                fmt=fmt,
+                filename=filename,
+                status=data["status"],
+                source=data["source"],
+                update_existing=data["update_existing"],
+                options=options,
+            )
+        except ProfileImportError as exc:
+            return Response(
+                {
+                    "detail": f"nothing imported: {len(exc.errors)} error(s) in the file",
+                    "errors": [e.as_dict() for e in exc.errors],
+                },
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        profiles = selectors.profiles_visible_to(request.user).filter(
+            pk__in=[p.pk for p in result.profiles]
+        )
+        return Response(
+            {
+                "created": [p.pk for p in result.created],
+                "updated": [p.pk for p in result.updated],
+                "profiles": ProfileSerializer(
+                    profiles, many=True, context=self.get_serializer_context()
+                ).data,
+            },
+            status=status.HTTP_201_CREATED,
+        )
+
+
+@extend_schema_view(list=extend_schema(summary="Cluster nodes with their GPUs"))
+class NodeViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = NodeSerializer
+    pagination_class = StandardPagination
+
+    def get_queryset(self) -> Any:
+        return selectors.nodes_with_gpus()
+
+
+@extend_schema_view(list=extend_schema(summary="Every GPU of the cluster"))
+class GpuViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = GpuSerializer
+    pagination_class = StandardPagination
+
+    def get_queryset(self) -> Any:
+        return selectors.gpus_all()
+
+
+@extend_schema(summary="Who am I", responses=MeSerializer)
+@api_view(["GET"])
+def me(request: Request) -> Response:
+    """The authenticated user (the CLI uses it to check its token)."""
+    user = request.user
+    auth = "session" if request.auth is None else "token"
+    return Response(
+        MeSerializer(
+            {
+                "id": user.pk,
+                "username": user.get_username(),
+                "email": user.email,
+                "is_staff": user.is_staff,
+                "auth": auth,
+            }
+        ).data
+    )

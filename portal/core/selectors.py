@@ -1,0 +1,157 @@
+"""Read queries shared by the REST API, the browser pages and the CLI-facing endpoints.
+
+Permission rules live here so every entry point applies the same ones: a user sees only their own
+jobs (someone else's job is "not found", never "forbidden"), staff see all; non-staff see only
+approved profiles.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db.models import Prefetch, QuerySet
+from django.http import Http404
+
+from portal.core.models import (
+    JOB_KINDS,
+    ApplicationProfile,
+    Gpu,
+    Job,
+    JobEvent,
+    Node,
+    Placement,
+)
+from portal.core.states import JobState
+
+_KIND_VALUES = {value for value, _label in JOB_KINDS}
+
+
+def _parse_states(raw: str | list[str] | None) -> list[str]:
+    """``"pending,running"`` or ``["PENDING"]`` -> ``["PENDING", "RUNNING"]``; bad names raise."""
+    if not raw:
+        return []
+    parts = raw.split(",") if isinstance(raw, str) else [p for item in raw for p in item.split(",")]
+    states: list[str] = []
+    bad: list[str] = []
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        try:
+            states.append(JobState(part.upper()).value)
+        except ValueError:
+            bad.append(part)
+    if bad:
+        known = ", ".join(s.value for s in JobState)
+        raise ValidationError({"state": [f"unknown state {', '.join(bad)}; known: {known}"]})
+    return states
+
+
+def jobs_visible_to(
+    user: Any,
+    *,
+    state: str | list[str] | None = None,
+    kind: str | None = None,
+    search: str | None = None,
+) -> QuerySet[Job]:
+    """The jobs ``user`` may see, newest first, optionally filtered.
+
+    ``state`` is one state or a comma-separated list (case-insensitive); ``kind`` one job kind;
+    ``search`` a substring of the job name. Unknown states or kinds raise ``ValidationError``
+    keyed by the parameter name.
+    """
+    qs = Job.objects.select_related("owner", "profile").prefetch_related(
+        Prefetch(
+            "placements",
+            queryset=Placement.objects.filter(active=True)
+            .select_related("node")
+            .prefetch_related("gpus"),
+            to_attr="active_placements",
+        )
+    )
+    if not user.is_staff:
+        qs = qs.filter(owner=user)
+    states = _parse_states(state)
+    if states:
+        qs = qs.filter(state__in=states)
+    if kind:
+        if kind not in _KIND_VALUES:
+            known = ", ".join(sorted(_KIND_VALUES))
+            raise ValidationError({"kind": [f"unknown kind {kind!r}; known: {known}"]})
+        qs = qs.filter(kind=kind)
+    if search:
+        qs = qs.filter(name__icontains=search.strip())
+    return qs.order_by("-submitted_at", "-id")
+
+
+def job_for_user(user: Any, job_id: Any) -> Job:
+    """The job ``job_id`` if ``user`` may see it; ``Http404`` otherwise (also for bad ids)."""
+    try:
+        pk = int(job_id)
+    except (TypeError, ValueError):
+        raise Http404("no such job") from None
+    job = jobs_visible_to(user).filter(pk=pk).first()
+    if job is None:
+        raise Http404(f"job {pk} not found")
+    return job
+
+
+def job_placement(job: Job) -> Placement | None:
+    """The job's active placement, using the prefetch of ``jobs_visible_to`` when present."""
+    prefetched = getattr(job, "active_placements", None)
+    if prefetched is not None:
+        return prefetched[0] if prefetched else None
+    return (
+        job.placements.filter(active=True)
+        .select_related("node")
+        .prefetch_related("gpus")
+        .order_by("-id")
+        .first()
+    )
+
+
+def job_events(job: Job) -> QuerySet[JobEvent]:
+    """The job's timeline, oldest first."""
+    return job.events.order_by("at", "id")
+
+
+def profiles_visible_to(
+    user: Any, *, status: str | None = None, kind: str | None = None, search: str | None = None
+) -> QuerySet[ApplicationProfile]:
+    """Profiles ``user`` may read: approved ones for everybody, all of them for staff."""
+    qs = ApplicationProfile.objects.prefetch_related("gpu_times", "memory_steps")
+    if not getattr(user, "is_staff", False):
+        qs = qs.filter(status=ApplicationProfile.Status.APPROVED)
+    if status:
+        qs = qs.filter(status=status)
+    if kind:
+        qs = qs.filter(kind=kind)
+    if search:
+        qs = qs.filter(name__icontains=search.strip())
+    return qs.order_by("name", "version")
+
+
+def approved_profiles() -> QuerySet[ApplicationProfile]:
+    """Profiles a job may reference (submission forms list these)."""
+    return ApplicationProfile.objects.filter(status=ApplicationProfile.Status.APPROVED).order_by(
+        "name", "version"
+    )
+
+
+def profile_for_user(user: Any, profile_id: Any) -> ApplicationProfile:
+    try:
+        pk = int(profile_id)
+    except (TypeError, ValueError):
+        raise Http404("no such profile") from None
+    profile = profiles_visible_to(user).filter(pk=pk).first()
+    if profile is None:
+        raise Http404(f"profile {pk} not found")
+    return profile
+
+
+def nodes_with_gpus() -> QuerySet[Node]:
+    return Node.objects.prefetch_related("gpus").order_by("name")
+
+
+def gpus_all() -> QuerySet[Gpu]:
+    return Gpu.objects.select_related("node").order_by("node__name", "index")
