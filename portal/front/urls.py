@@ -1,2 +1,20 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
 
-urlpatterns: list = []
+from portal.front import views
+
+urlpatterns = [
+    path("", views.index, name="index"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("jobs/", views.jobs, name="jobs"),
+    path("jobs/new/", views.job_new, name="job_new"),
+    path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
+    path("jobs/<int:job_id>/cancel/", views.job_cancel_view, name="job_cancel"),
+    path("profiles/", views.profiles, name="profiles"),
+    path("profiles/<int:profile_id>/", views.profile_detail, name="profile_detail"),
+    path("cluster/", views.cluster, name="cluster"),
+    path("account/", views.account, name="account"),
+    path("account/tokens/", views.token_new, name="token_new"),
+    path("account/tokens/<int:token_id>/revoke/", views.token_revoke_view, name="token_revoke"),
+]

@@ -1,0 +1,198 @@
+"""Browser forms. They type-check and shape input; business rules stay in the services."""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from typing import Any
+
+from django import forms
+
+from portal.core.models import JOB_KINDS, ApplicationProfile
+from portal.core.states import JobState
+
+# Fields the form passes to ``job_submit`` (the API's job contract plus the model's extras).
+JOB_FIELDS = (
+    "name",
+    "command",
+    "container_image",
+    "profile",
+    "kind",
+    "gpus",
+    "gpu_memory_mb",
+    "cpus",
+    "memory_mb",
+    "priority",
+    "params",
+    "elastic_min_workers",
+    "elastic_max_workers",
+)
+
+
+def profile_defaults(profile: ApplicationProfile) -> dict[str, Any]:
+    """What a job running ``profile`` asks for unless the user says otherwise.
+
+    One GPU if the profile was measured on a GPU (a GPU time or GPU memory is known), else a
+    CPU-only job; GPU memory per GPU is the profiled maximum (MB, rounded up); parameters are the
+    inputs the profile was measured with.
+    """
+    on_gpu = profile.gpu_memory_max_mb is not None or bool(profile.gpu_times.all())
+    params: dict[str, Any] = {}
+    for key in ("batch_size", "image_size", "dataset"):
+        value = getattr(profile, key)
+        if value not in (None, ""):
+            params[key] = value
+    params.update(profile.args or {})
+    return {
+        "kind": profile.kind,
+        "gpus": 1 if on_gpu else 0,
+        "gpu_memory_mb": (
+            math.ceil(profile.gpu_memory_max_mb)
+            if on_gpu and profile.gpu_memory_max_mb is not None
+            else None
+        ),
+        "params": params,
+    }
+
+
+class JsonObjectField(forms.CharField):
+    """A textarea holding a JSON object; cleans to a dict (blank means ``{}``)."""
+
+    widget = forms.Textarea(attrs={"rows": 5, "spellcheck": "false", "class": "mono"})
+
+    def to_python(self, value: Any) -> dict[str, Any]:
+        text = (super().to_python(value) or "").strip()
+        if not text:
+            return {}
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(
+                f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            ) from None
+        if not isinstance(parsed, dict):
+            raise forms.ValidationError('must be a JSON object, e.g. {"epochs": 10}')
+        return parsed
+
+    def prepare_value(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return json.dumps(value, indent=2) if value else ""
+        return value
+
+
+class JobSubmitForm(forms.Form):
+    name = forms.CharField(max_length=200, widget=forms.TextInput(attrs={"autofocus": True}))
+    profile = forms.ModelChoiceField(
+        queryset=ApplicationProfile.objects.none(),
+        required=False,
+        empty_label="No profile: I give the resources",
+        help_text="Approved profiles only. A profile fills in blank resources below.",
+    )
+    command = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "mono"}),
+        help_text="Run on the node, e.g. python train.py --epochs 10",
+    )
+    container_image = forms.CharField(
+        max_length=300, required=False, help_text="Optional, e.g. nvcr.io/nvidia/pytorch:24.05"
+    )
+    kind = forms.ChoiceField(
+        choices=[("", "From profile"), *JOB_KINDS], required=False
+    )
+    gpus = forms.IntegerField(
+        label="GPUs",
+        min_value=0, max_value=64, required=False, help_text="0 = CPU only. Blank: from profile."
+    )
+    gpu_memory_mb = forms.IntegerField(
+        label="GPU memory (MB)",
+        min_value=1,
+        required=False,
+        help_text="Per GPU. Blank: the profile's maximum.",
+    )
+    cpus = forms.IntegerField(label="CPUs", min_value=1, max_value=1024, initial=1, required=False)
+    memory_mb = forms.IntegerField(label="Memory (MB)", min_value=1, required=False)
+    priority = forms.IntegerField(
+        initial=0, required=False, help_text="Higher runs first under priority-aware policies."
+    )
+    elastic_min_workers = forms.IntegerField(min_value=1, required=False, label="Elastic min")
+    elastic_max_workers = forms.IntegerField(min_value=1, required=False, label="Elastic max")
+    params = JsonObjectField(
+        label="Parameters (JSON)",
+        required=False,
+        help_text='A JSON object, e.g. {"batch_size": 64, "epochs": 10}',
+    )
+    # One per rendered form: a double-click or a resent POST returns the same job.
+    submit_token = forms.CharField(widget=forms.HiddenInput, required=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["profile"].queryset = ApplicationProfile.objects.filter(
+            status=ApplicationProfile.Status.APPROVED
+        )
+        if not self.is_bound:
+            self.initial.setdefault("submit_token", uuid.uuid4().hex)
+
+    def profile_defaults(self) -> dict[int, dict[str, Any]]:
+        """``profile_defaults`` of every selectable profile, for the page's small script."""
+        profiles = self.fields["profile"].queryset.prefetch_related("gpu_times")
+        return {profile.pk: profile_defaults(profile) for profile in profiles}
+
+    def filled_from_profile(self) -> dict[str, Any]:
+        """The bound data with blank resource fields filled from the chosen profile (no save)."""
+        data = self.data.copy()
+        profile_id = data.get("profile")
+        profiles = self.fields["profile"].queryset
+        profile = profiles.filter(pk=profile_id).first() if str(profile_id).isdigit() else None
+        if profile is not None:
+            for key, value in profile_defaults(profile).items():
+                if value in (None, {}) or str(data.get(key, "")).strip():
+                    continue
+                if key == "gpu_memory_mb" and str(data.get("gpus", "")).strip() == "0":
+                    continue
+                data[key] = json.dumps(value, indent=2) if key == "params" else value
+        return data
+
+    def job_fields(self) -> dict[str, Any]:
+        """Cleaned values for ``job_submit``, blanks derived from the profile or defaulted."""
+        cd = self.cleaned_data
+        derived = profile_defaults(cd["profile"]) if cd.get("profile") else {}
+        fields = {key: cd.get(key) for key in JOB_FIELDS}
+        for key in ("kind", "gpus"):
+            if fields[key] in (None, ""):
+                fields[key] = derived.get(key)
+        if fields["gpu_memory_mb"] is None and fields["gpus"]:
+            fields["gpu_memory_mb"] = derived.get("gpu_memory_mb")
+        if not fields["params"] and derived.get("params"):
+            fields["params"] = derived["params"]
+        fields["kind"] = fields["kind"] or "other"
+        fields["gpus"] = fields["gpus"] if fields["gpus"] is not None else 0
+        fields["cpus"] = fields["cpus"] or 1
+        fields["priority"] = fields["priority"] or 0
+        fields["command"] = fields["command"] or ""
+        fields["container_image"] = fields["container_image"] or ""
+        return fields
+
+
+class JobFilterForm(forms.Form):
+    """The jobs list's filters (GET)."""
+
+    state = forms.ChoiceField(
+        choices=[("", "All"), *[(s.value, s.value.title()) for s in JobState]], required=False
+    )
+    q = forms.CharField(required=False, max_length=200, label="Search")
+
+
+class ProfileFilterForm(forms.Form):
+    kind = forms.ChoiceField(choices=[("", "All kinds"), *JOB_KINDS], required=False)
+    status = forms.ChoiceField(
+        choices=[("", "All statuses"), *ApplicationProfile.Status.choices], required=False
+    )
+    q = forms.CharField(required=False, max_length=200, label="Search")
+
+
+class TokenCreateForm(forms.Form):
+    name = forms.CharField(
+        max_length=100,
+        widget=forms.TextInput(attrs={"placeholder": "e.g. gitlab-ci, laptop"}),
+    )

@@ -1,0 +1,175 @@
+"""How the profile page groups a profile's metrics (by ALGORITHMS.md section) and its derived
+classes (computed by ``scheduler.classes``, never stored)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from portal.core.models import ApplicationProfile
+
+MISSING = "—"
+
+
+@dataclass(frozen=True)
+class Metric:
+    label: str
+    value: Any
+    unit: str = ""
+
+    @property
+    def known(self) -> bool:
+        return self.value is not None and self.value != ""
+
+
+@dataclass(frozen=True)
+class Section:
+    anchor: str
+    title: str
+    algorithm: str  # the short name of ALGORITHMS.md
+    metrics: list[Metric]
+
+
+# (field, label, unit) per section, in the order of ALGORITHMS.md.
+_SECTIONS: list[tuple[str, str, str, list[tuple[str, str, str]]]] = [
+    (
+        "s1",
+        "§1 Run times and memory",
+        "placement_rate, exec_plan",
+        [
+            ("cpu_time_s", "CPU run time", "s"),
+            ("gpu_memory_max_mb", "GPU memory, max", "MB"),
+            ("gpu_memory_avg_mb", "GPU memory, average", "MB"),
+        ],
+    ),
+    (
+        "s2",
+        "§2 Utilisation metrics",
+        "coscheml",
+        [
+            ("gpu_util_pct", "GPU utilisation", "%"),
+            ("sm_efficiency_pct", "SM efficiency", "%"),
+            ("warp_efficiency_pct", "Warp efficiency", "%"),
+            ("ipc", "IPC", "instr/cycle"),
+            ("occupancy_pct", "Occupancy", "%"),
+            ("mem_util_pct", "Memory utilisation", "%"),
+            ("h2d_gbps", "Host to device (PCIe)", "GB/s"),
+            ("d2h_gbps", "Device to host (PCIe)", "GB/s"),
+            ("gld_gbps", "Global load throughput", "GB/s"),
+            ("gst_gbps", "Global store throughput", "GB/s"),
+        ],
+    ),
+    (
+        "s3",
+        "§3 Stall reasons and kernel resources",
+        "kscheduler",
+        [
+            ("stall_exec_dependency_pct", "Stalls: execution dependency", "%"),
+            ("stall_instruction_fetch_pct", "Stalls: instruction fetch", "%"),
+            ("stall_memory_dependency_pct", "Stalls: memory dependency", "%"),
+            ("stall_texture_pct", "Stalls: texture / L1", "%"),
+            ("stall_synchronization_pct", "Stalls: synchronisation", "%"),
+            ("stall_other_pct", "Stalls: other", "%"),
+            ("epc", "Eligible warps per cycle (EPC)", ""),
+            ("registers_per_block", "Registers per block", ""),
+            ("smem_per_block_bytes", "Shared memory per block", "B"),
+            ("l1_transactions", "L1 transactions", ""),
+            ("saturation_tbs_per_sm", "Saturation point", "TBs/SM"),
+            ("dram_bw_gbps", "DRAM bandwidth demand", "GB/s"),
+            ("gflops", "Compute demand", "GFLOPS"),
+        ],
+    ),
+    (
+        "s4",
+        "§4 Job descriptors",
+        "sharing_mode",
+        [
+            ("cm_ratio", "C/M ratio", ""),
+            ("sensitivity", "Sensitivity", "× throughput"),
+            ("batch_size", "Batch size", ""),
+            ("image_size", "Image size", "px"),
+        ],
+    ),
+]
+
+
+def sections(profile: ApplicationProfile) -> list[Section]:
+    """The profile's stored metrics grouped by ALGORITHMS.md section (None = not measured)."""
+    return [
+        Section(
+            anchor, title, algorithm, [Metric(lbl, getattr(profile, f), u) for f, lbl, u in rows]
+        )
+        for anchor, title, algorithm, rows in _SECTIONS
+    ]
+
+
+def domain_profile(profile: ApplicationProfile) -> Any:
+    """``scheduler.domain.Profile`` for a profile row (the fields the class functions read)."""
+    from scheduler.domain import JobKind, MemoryStep, Profile, StallReasons
+
+    stall_fields = [
+        profile.stall_exec_dependency_pct,
+        profile.stall_instruction_fetch_pct,
+        profile.stall_memory_dependency_pct,
+        profile.stall_texture_pct,
+        profile.stall_synchronization_pct,
+        profile.stall_other_pct,
+    ]
+    stall = None
+    if any(v is not None for v in stall_fields):
+        stall = StallReasons(*(v or 0.0 for v in stall_fields))
+    return Profile(
+        name=str(profile),
+        kind=JobKind(profile.kind),
+        cpu_time_s=profile.cpu_time_s,
+        gpu_time_s={t.gpu_model: t.time_s for t in profile.gpu_times.all()},
+        gpu_memory_max_mb=profile.gpu_memory_max_mb,
+        gpu_memory_avg_mb=profile.gpu_memory_avg_mb,
+        memory_steps=tuple(
+            MemoryStep(s.start_fraction, s.from_mb, s.to_mb) for s in profile.memory_steps.all()
+        ),
+        sm_efficiency_pct=profile.sm_efficiency_pct,
+        mem_util_pct=profile.mem_util_pct,
+        stall=stall,
+        cm_ratio=profile.cm_ratio,
+        sensitivity=profile.sensitivity,
+        batch_size=profile.batch_size,
+        image_size=profile.image_size,
+    )
+
+
+def derived_classes(profile: ApplicationProfile) -> list[Metric]:
+    """Kernel class (§3), C/M class (§4), scale and sensitivity (§4) from ``scheduler.classes``.
+
+    Imported lazily: the page shows "—" for a class the scheduler cannot compute (missing data,
+    or the module not installed).
+    """
+    labels = ["Kernel class (§3)", "C/M class (§4)", "Scale (§4)", "Sensitivity (§4)"]
+    try:
+        from scheduler import classes
+    except ImportError:
+        return [Metric(label, None) for label in labels]
+    p = domain_profile(profile)
+    values = [
+        classes.kernel_class(p),
+        classes.cm_class(p),
+        classes.profile_scale_class(p),
+        classes.sensitivity_class(p),
+    ]
+    return [Metric(label, value) for label, value in zip(labels, values, strict=True)]
+
+
+@dataclass(frozen=True)
+class GpuTimeRow:
+    gpu_model: str
+    time_s: float
+    speedup_vs_cpu: float | None  # CPU run time / GPU run time, the §1 placement-rate feature
+
+
+def gpu_time_rows(profile: ApplicationProfile) -> list[GpuTimeRow]:
+    """Solo GPU run times per GPU model (seconds) with the speed-up over the CPU run time."""
+    cpu = profile.cpu_time_s
+    return [
+        GpuTimeRow(t.gpu_model, t.time_s, cpu / t.time_s if cpu and t.time_s > 0 else None)
+        for t in profile.gpu_times.all()
+    ]

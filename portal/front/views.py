@@ -1,0 +1,273 @@
+"""Browser pages: short views over the services (writes) and private query helpers (reads)."""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ValidationError
+from django.core.paginator import Page, Paginator
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import NoReverseMatch, reverse
+from django.views.decorators.http import require_POST
+
+from portal.core.models import ApplicationProfile, Job, Node
+from portal.core.services import IdempotencyConflict, job_cancel, job_submit
+from portal.core.states import IllegalTransition, JobState
+from portal.front import profile_metrics
+from portal.front.forms import JobFilterForm, JobSubmitForm, ProfileFilterForm, TokenCreateForm
+from portal.front.models import ApiToken
+from portal.front.services import token_create, token_revoke
+
+JOBS_PER_PAGE = 25
+PROFILES_PER_PAGE = 25
+
+
+# -- private read helpers (to be replaced by portal.core.selectors once it lands) ------------
+
+
+def _jobs_visible_to(user) -> QuerySet[Job]:
+    jobs = Job.objects.select_related("owner", "profile")
+    return jobs if user.is_staff else jobs.filter(owner=user)
+
+
+def _job_for_user(user, job_id: int) -> Job:
+    """The job if ``user`` may see it; anyone else's job is a 404, never a 403."""
+    return get_object_or_404(_jobs_visible_to(user), pk=job_id)
+
+
+def _profiles_visible_to(user) -> QuerySet[ApplicationProfile]:
+    """Approved profiles for everybody; drafts and retired ones for staff too."""
+    profiles = ApplicationProfile.objects.prefetch_related("gpu_times")
+    return profiles if user.is_staff else profiles.filter(status="approved")
+
+
+def _page(request: HttpRequest, items: QuerySet, per_page: int) -> Page:
+    return Paginator(items, per_page).get_page(request.GET.get("page"))
+
+
+def _admin_url(name: str, *args: object) -> str | None:
+    """An admin URL, or None while that model is not registered in the admin."""
+    try:
+        return reverse(f"admin:{name}", args=args)
+    except NoReverseMatch:
+        return None
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"user:{request.user.get_username()}"
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+@login_required
+def index(request: HttpRequest) -> HttpResponse:
+    return redirect("jobs")
+
+
+@login_required
+def jobs(request: HttpRequest) -> HttpResponse:
+    form = JobFilterForm(request.GET)
+    form.is_valid()
+    state, query = form.cleaned_data.get("state"), form.cleaned_data.get("q")
+    visible = _jobs_visible_to(request.user)
+    if query:
+        match = Q(name__icontains=query)
+        if request.user.is_staff:
+            match |= Q(owner__username__icontains=query)
+        visible = visible.filter(match)
+    counts = dict(visible.values_list("state").annotate(n=Count("id")).order_by())
+    listed = visible.filter(state=state) if state else visible
+    tabs = [("", "All", sum(counts.values()))] + [
+        (s.value, s.value.title(), counts.get(s.value, 0)) for s in JobState
+    ]
+    return render(
+        request,
+        "front/jobs.html",
+        {
+            "page": _page(request, listed, JOBS_PER_PAGE),
+            "form": form,
+            "state": state,
+            "query": query,
+            "tabs": tabs,
+            "any_jobs": _jobs_visible_to(request.user).exists(),
+        },
+    )
+
+
+@login_required
+def job_new(request: HttpRequest) -> HttpResponse:
+    if request.method != "POST":
+        form = JobSubmitForm()
+        if request.GET.get("profile"):  # "Submit a job with it" from a profile page
+            form = JobSubmitForm(initial=JobSubmitForm(request.GET).filled_from_profile().dict())
+        return render(request, "front/job_new.html", {"form": form})
+    if "prefill" in request.POST:  # "Fill in from profile" without JavaScript
+        form = JobSubmitForm(initial=JobSubmitForm(request.POST).filled_from_profile().dict())
+        return render(request, "front/job_new.html", {"form": form})
+    form = JobSubmitForm(request.POST)
+    if form.is_valid():
+        token = form.cleaned_data["submit_token"]
+        try:
+            job, created = job_submit(
+                request.user,
+                idempotency_key=f"web:{token}" if token else None,
+                **form.job_fields(),
+            )
+        except ValidationError as exc:
+            for field, errors in exc.message_dict.items():
+                form.add_error(field if field in form.fields else None, errors)
+        except IdempotencyConflict as exc:
+            form.add_error(None, f"This form was already submitted as job #{exc.job.pk}.")
+        else:
+            if created:
+                messages.success(request, f"Job #{job.pk} submitted; it is {job.state}.")
+            else:
+                messages.info(request, f"This form was already submitted as job #{job.pk}.")
+            return redirect("job_detail", job_id=job.pk)
+    return render(request, "front/job_new.html", {"form": form}, status=400)
+
+
+@login_required
+def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = _job_for_user(request.user, job_id)
+    placements = list(job.placements.select_related("node").prefetch_related("gpus"))
+    return render(
+        request,
+        "front/job_detail.html",
+        {
+            "job": job,
+            "events": job.events.all(),
+            "placement": next((p for p in placements if p.active), None),
+            "past_placements": [p for p in placements if not p.active],
+            "can_cancel": not job.is_terminal,
+            "admin_url": _admin_url("core_job_change", job.pk) if request.user.is_staff else None,
+        },
+    )
+
+
+@login_required
+@require_POST
+def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
+    job = _job_for_user(request.user, job_id)
+    try:
+        job_cancel(job, actor=_actor(request), message="cancelled from the portal")
+    except IllegalTransition:
+        messages.error(request, f"Job #{job.pk} is already {job.state}; nothing to cancel.")
+    else:
+        messages.success(request, f"Job #{job.pk} cancelled.")
+    return redirect("job_detail", job_id=job.pk)
+
+
+# -- profiles ---------------------------------------------------------------------------------
+
+
+@login_required
+def profiles(request: HttpRequest) -> HttpResponse:
+    form = ProfileFilterForm(request.GET)
+    form.is_valid()
+    listed = _profiles_visible_to(request.user)
+    if kind := form.cleaned_data.get("kind"):
+        listed = listed.filter(kind=kind)
+    if status := form.cleaned_data.get("status"):
+        listed = listed.filter(status=status)
+    if query := form.cleaned_data.get("q"):
+        listed = listed.filter(
+            Q(name__icontains=query) | Q(description__icontains=query) | Q(dataset__icontains=query)
+        )
+    return render(
+        request,
+        "front/profiles.html",
+        {
+            "page": _page(request, listed, PROFILES_PER_PAGE),
+            "form": form,
+            "filtered": any(form.cleaned_data.values()),
+            "admin_url": (
+                _admin_url("core_applicationprofile_changelist") if request.user.is_staff else None
+            ),
+        },
+    )
+
+
+@login_required
+def profile_detail(request: HttpRequest, profile_id: int) -> HttpResponse:
+    profile = get_object_or_404(_profiles_visible_to(request.user), pk=profile_id)
+    return render(
+        request,
+        "front/profile_detail.html",
+        {
+            "profile": profile,
+            "sections": profile_metrics.sections(profile),
+            "gpu_times": profile_metrics.gpu_time_rows(profile),
+            "memory_steps": profile.memory_steps.all(),
+            "classes": profile_metrics.derived_classes(profile),
+            "admin_url": (
+                _admin_url("core_applicationprofile_change", profile.pk)
+                if request.user.is_staff
+                else None
+            ),
+        },
+    )
+
+
+# -- cluster ----------------------------------------------------------------------------------
+
+
+@login_required
+def cluster(request: HttpRequest) -> HttpResponse:
+    nodes = Node.objects.prefetch_related("gpus")
+    return render(
+        request,
+        "front/cluster.html",
+        {
+            "nodes": nodes,
+            "gpu_count": sum(len(node.gpus.all()) for node in nodes),
+            "backends": sorted({node.backend for node in nodes}),
+        },
+    )
+
+
+# -- account and API tokens -------------------------------------------------------------------
+
+
+def _account(request: HttpRequest, form: TokenCreateForm, **extra: object) -> HttpResponse:
+    response = render(
+        request,
+        "front/account.html",
+        {"form": form, "tokens": request.user.api_tokens.all(), **extra},
+        status=400 if form.errors else 200,
+    )
+    response["Cache-Control"] = "no-store"  # the page may show a new key once
+    return response
+
+
+@login_required
+def account(request: HttpRequest) -> HttpResponse:
+    return _account(request, TokenCreateForm())
+
+
+@login_required
+@require_POST
+def token_new(request: HttpRequest) -> HttpResponse:
+    form = TokenCreateForm(request.POST)
+    if form.is_valid():
+        try:
+            token, key = token_create(request.user, name=form.cleaned_data["name"])
+        except ValidationError as exc:
+            for field, errors in exc.message_dict.items():
+                form.add_error(field if field in form.fields else None, errors)
+        else:
+            # Rendered, not redirected: the key lives in this one response and nowhere else.
+            return _account(request, TokenCreateForm(), new_token=token, new_key=key)
+    return _account(request, form)
+
+
+@login_required
+@require_POST
+def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
+    token = get_object_or_404(ApiToken, pk=token_id, user=request.user)
+    token_revoke(token)
+    messages.success(request, f'Token "{token.name}" revoked; it no longer works.')
+    return redirect("account")
