@@ -106,6 +106,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "ENUM_NAME_OVERRIDES": {
+        "JobKindEnum": "portal.core.models.JOB_KINDS",
+        "NodeKindEnum": "portal.core.models.Node.Kind",
+        "NodeStatusEnum": "portal.core.models.Node.Status",
+        "ProfileStatusEnum": "portal.core.models.ApplicationProfile.Status",
+        "ProfileSourceEnum": "portal.core.models.ApplicationProfile.Source",
+    },
 }
 
 # Celery: without REDIS_URL, tasks run in-process (embedded default).

@@ -133,8 +133,13 @@ def test_several_bad_fields_are_all_named(alice_api):
 
 def test_type_errors_and_rule_errors_come_back_together(alice_api, staff):
     draft = ApplicationProfile.objects.create(name="draft-app", status="draft")
-    payload = {**GOOD, "gpus": "x", "profile": draft.pk, "elastic_min_workers": 3,
-               "elastic_max_workers": 1}
+    payload = {
+        **GOOD,
+        "gpus": "x",
+        "profile": draft.pk,
+        "elastic_min_workers": 3,
+        "elastic_max_workers": 1,
+    }
     response = alice_api.post(URL, payload, format="json")
     assert response.status_code == 400
     assert {"gpus", "profile", "elastic_max_workers"} <= set(response.json())
