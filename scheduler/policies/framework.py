@@ -1,0 +1,717 @@
+"""A scheduling-framework-style base class: sort, filter, score, pick, reserve, explain.
+
+In the spirit of the Kubernetes scheduling framework (DESIGN.md, STYLE.md): a small core runs a
+serial decision cycle over ``state.pending`` and calls extension points a policy overrides:
+
+- ``sort_queue(pending, view, rng)``: the order jobs are considered in (default: queue order).
+- ``candidates(job, view)``: the feasible placements (filter). The default covers CPU jobs,
+  single-GPU jobs (exclusive on an idle GPU, or co-located when ``colocate`` is set) and
+  multi-GPU jobs (``k`` idle GPUs of one model on one node, exclusive).
+- ``keep(job, candidate, view)``: an extra per-candidate filter (default: keep all).
+- ``score_<name>(job, candidate, view)`` for each name in ``scorers``: raw scores, higher is
+  better. With several scorers each is min-max normalised to 0..100 over the candidates and
+  combined with the weights in the ``weights`` parameter (default 1 each); ties go to the
+  candidate first in cluster order (nodes in snapshot order, then GPU index).
+- ``pick(job, scored, view, rng)``: the winner (default: best score, first in order).
+- ``explain(job, chosen, scored, view)``: the human-readable reason, with numbers.
+
+Capacity is reserved in a ``WorkingView``: light mutable copies of the GPUs and nodes (not a
+deep copy of the snapshot) plus per-cycle indexes, so later jobs in the same cycle see earlier
+decisions. Indexes: GPUs in *pools* of equivalent GPUs (same spec, mode, resident job types,
+committed memory and MIG slices: one pool holds all idle V100s), which makes the per-job cost
+grow with the number of distinct GPU situations rather than the number of GPUs; per model,
+nodes bucketed by their count of idle GPUs (multi-GPU jobs); and a per-cycle cache of job
+*shapes* (GPUs, memory per GPU in MB, cores, allowed models) that found no fit. Capacity only
+shrinks during a cycle, so a shape that did not fit, and any larger one, will not fit later.
+
+Feasibility rules (all policies built on this class):
+
+- Nodes that are not ``up`` get nothing.
+- CPU-only jobs (``gpus == 0``) go to CPU nodes with ``free_cores >= job.cpus``.
+- GPU jobs need ``job.cpus`` free cores on the GPU node too (nodes with ``cores == 0`` do not
+  track cores and are not checked).
+- A job needs ``job.memory_need_mb()`` free on each GPU it gets (spec memory minus the memory
+  committed to the jobs already placed there).
+- If the job's profile lists solo times per GPU model (``gpu_time_s``), only those models with a
+  positive, finite time are feasible (``profiled_models_only``; an unprofiled model has no
+  run time to simulate).
+- A GPU running jobs under EXCLUSIVE (or with no mode recorded) takes no more jobs. Under MPS or
+  TIME_SLICING it takes up to ``max_jobs_per_gpu`` jobs, all under that mode; under MIG a job
+  takes the smallest instance profile whose memory covers its need and whose compute slices are
+  still free (``mig_total_slices - mig_slices_used``).
+- An idle GPU gets the policy's fresh mode: EXCLUSIVE for exclusive policies; for co-locating
+  ones ``share_mode`` if the GPU supports it, else its best sharing mode (MPS if supported,
+  else time-slicing), so later jobs can join it.
+- Multi-GPU jobs always take whole idle GPUs of one model on one node, exclusively: data-parallel
+  jobs stall on their slowest worker, and the measured co-location data are single-GPU.
+- With ``backfill`` off, the first job that cannot be placed blocks the rest of the queue.
+
+Common parameters (``framework_defaults``; policies add their own):
+
+- ``backfill`` (bool, True): let later jobs go past one that does not fit.
+- ``max_jobs_per_gpu`` (int, 2): co-location limit under MPS and time-slicing.
+- ``share_mode`` (str, "auto"): mode for an idle GPU a co-locating policy starts sharing:
+  "auto", "mps", "time_slicing" or "mig".
+- ``profiled_models_only`` (bool, True): see above.
+- ``weights`` (mapping scorer name -> weight, None = 1 each).
+- ``interference`` (str or None, None): a registered interference model name
+  (``scheduler.interference.build_interference``) whose predicted slowdown co-locating policies
+  quote in explanations; ``interference_params`` (mapping, None) its parameters.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from scheduler.domain import (
+    ClusterState,
+    Decision,
+    GpuSpec,
+    GpuState,
+    JobSpec,
+    MigProfile,
+    NodeKind,
+    NodeState,
+    Placement,
+    Plan,
+    SharingMode,
+)
+from scheduler.interference import InterferenceModel, build_interference, co_run_slowdown
+from scheduler.policies.base import Policy, PolicyError
+
+_MB_PER_GB = 1024.0
+_SHARED_MODES = (SharingMode.MPS, SharingMode.TIME_SLICING)
+
+framework_defaults: dict[str, Any] = {
+    "backfill": True,
+    "max_jobs_per_gpu": 2,
+    "share_mode": "auto",
+    "profiled_models_only": True,
+    "weights": None,
+    "interference": None,
+    "interference_params": None,
+}
+
+
+def gb(mb: float) -> str:
+    """``mb`` megabytes as a short GB figure for explanations ("9.1")."""
+    return f"{mb / _MB_PER_GB:.1f}"
+
+
+def job_type_key(job: JobSpec) -> str:
+    """What makes two jobs interchangeable for pooling and scoring: the job type, else the
+    profile name, else the job id (no pooling)."""
+    if job.job_type:
+        return job.job_type
+    if job.profile is not None and job.profile.name:
+        return job.profile.name
+    return f"#{job.id}"
+
+
+class WorkGpu:
+    """A GPU's mutable state during one cycle (starts as a copy of its ``GpuState``)."""
+
+    __slots__ = (
+        "node",
+        "index",
+        "spec",
+        "mode",
+        "jobs",
+        "committed_mb",
+        "mig_used",
+        "order",
+        "pool_key",
+    )
+
+    def __init__(self, gpu: GpuState, node: WorkNode, order: int, jobs: list[JobSpec]) -> None:
+        self.node = node
+        self.index = gpu.index
+        self.spec = gpu.spec
+        self.mode = gpu.mode
+        self.jobs = jobs
+        self.committed_mb = gpu.committed_memory_mb
+        self.mig_used = gpu.mig_slices_used
+        self.order = order
+        self.pool_key: tuple[Any, ...] | None = None
+
+    @property
+    def free_mb(self) -> float:
+        return self.spec.memory_mb - self.committed_mb
+
+    @property
+    def idle(self) -> bool:
+        return not self.jobs and self.mig_used == 0 and self.committed_mb <= 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.node.name}/gpu{self.index}"
+
+    def free_mig_slices(self) -> int:
+        return max(0, self.spec.mig_total_slices - self.mig_used)
+
+
+class WorkNode:
+    """A node's mutable state during one cycle."""
+
+    __slots__ = ("name", "kind", "cores", "free_cores", "up", "gpus", "order", "idle_by_spec")
+
+    def __init__(self, node: NodeState, order: int) -> None:
+        self.name = node.name
+        self.kind = node.kind
+        self.cores = node.cores
+        self.free_cores = node.free_cores
+        self.up = node.up
+        self.gpus: list[WorkGpu] = []
+        self.order = order
+        self.idle_by_spec: dict[GpuSpec, int] = {}
+
+    def has_cores(self, cpus: int) -> bool:
+        return self.cores <= 0 or self.free_cores >= cpus
+
+
+class Candidate:
+    """One feasible placement: a node, its GPUs (empty for CPU), the mode and MIG profile.
+
+    Single-GPU candidates stand for a whole pool of equivalent GPUs (``pool``); ``gpus`` holds
+    the pool's first GPU whose node has the cores. ``score`` is set by the scoring step.
+    """
+
+    __slots__ = ("node", "gpus", "mode", "mig_profile", "pool", "score", "raw")
+
+    def __init__(
+        self,
+        node: WorkNode,
+        gpus: tuple[WorkGpu, ...],
+        mode: SharingMode,
+        mig_profile: MigProfile | None = None,
+        pool: list[WorkGpu] | None = None,
+    ) -> None:
+        self.node = node
+        self.gpus = gpus
+        self.mode = mode
+        self.mig_profile = mig_profile
+        self.pool = pool
+        self.score = 0.0
+        self.raw: dict[str, float] = {}
+
+    @property
+    def gpu(self) -> WorkGpu | None:
+        return self.gpus[0] if self.gpus else None
+
+    @property
+    def order(self) -> int:
+        return self.gpus[0].order if self.gpus else self.node.order
+
+    @property
+    def residents(self) -> list[JobSpec]:
+        """Jobs already on the (first) GPU of this candidate."""
+        return self.gpus[0].jobs if self.gpus else []
+
+    @property
+    def label(self) -> str:
+        if not self.gpus:
+            return self.node.name
+        return f"{self.node.name}/gpu" + ",".join(str(g.index) for g in self.gpus)
+
+    @property
+    def pool_size(self) -> int:
+        return len(self.pool) if self.pool is not None else 1
+
+
+def _mode_text(mode: SharingMode, mig_profile: MigProfile | None) -> str:
+    if mode == SharingMode.MIG:
+        return f"under MIG {mig_profile.name}" if mig_profile is not None else "under MIG"
+    if mode == SharingMode.MPS:
+        return "under MPS"
+    if mode == SharingMode.TIME_SLICING:
+        return "under time-slicing"
+    return "exclusive"
+
+
+class WorkingView:
+    """Per-cycle mutable view of a snapshot with the indexes the framework needs."""
+
+    def __init__(self, state: ClusterState) -> None:
+        running = {r.job.id: r.job for r in state.running}
+        self.nodes: list[WorkNode] = []
+        self.cpu_nodes: list[WorkNode] = []
+        self.gpu_count = 0
+        # Pools of equivalent GPUs; every list sorted by ``WorkGpu.order``.
+        self.idle_pools: dict[GpuSpec, list[WorkGpu]] = {}
+        self.shared_pools: dict[tuple[Any, ...], list[WorkGpu]] = {}
+        # Per spec: idle count -> node orders with that many idle GPUs of the spec (sorted).
+        self.idle_buckets: dict[GpuSpec, dict[int, list[int]]] = {}
+        self.failures: dict[tuple[Any, ...], str] = {}
+        order = 0
+        for n_order, node_state in enumerate(state.nodes):
+            node = WorkNode(node_state, n_order)
+            self.nodes.append(node)
+            if node.kind == NodeKind.CPU or not node_state.gpus:
+                if node.kind == NodeKind.CPU:
+                    self.cpu_nodes.append(node)
+                continue
+            for gpu_state in node_state.gpus:
+                jobs = [running[j] for j in gpu_state.job_ids if j in running]
+                missing = len(gpu_state.job_ids) - len(jobs)
+                if missing:
+                    # A job id without its RunningJob: keep the GPU occupied all the same.
+                    jobs += [JobSpec(id=j) for j in gpu_state.job_ids if j not in running]
+                gpu = WorkGpu(gpu_state, node, order, jobs)
+                order += 1
+                node.gpus.append(gpu)
+                self.gpu_count += 1
+                if node.up:
+                    self._add_to_pool(gpu)
+            if node.up:
+                for spec, count in node.idle_by_spec.items():
+                    self.idle_buckets.setdefault(spec, {}).setdefault(count, []).append(n_order)
+
+    # -- pools -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _shared_key(gpu: WorkGpu) -> tuple[Any, ...] | None:
+        if gpu.idle:
+            return ("idle", gpu.spec)
+        if gpu.mode is None or gpu.mode == SharingMode.EXCLUSIVE:
+            return None  # owned: takes no more jobs
+        residents = tuple(sorted(job_type_key(j) for j in gpu.jobs))
+        return (gpu.spec, gpu.mode, residents, gpu.committed_mb, gpu.mig_used)
+
+    def _add_to_pool(self, gpu: WorkGpu) -> None:
+        key = self._shared_key(gpu)
+        gpu.pool_key = key
+        if key is None:
+            return
+        if key[0] == "idle":
+            pool = self.idle_pools.setdefault(gpu.spec, [])
+            gpu.node.idle_by_spec[gpu.spec] = gpu.node.idle_by_spec.get(gpu.spec, 0) + 1
+        else:
+            pool = self.shared_pools.setdefault(key, [])
+        if pool and pool[-1].order > gpu.order:
+            bisect.insort(pool, gpu, key=lambda g: g.order)
+        else:
+            pool.append(gpu)
+
+    def _remove_from_pool(self, gpu: WorkGpu) -> None:
+        key = gpu.pool_key
+        if key is None:
+            return
+        if key[0] == "idle":
+            pool = self.idle_pools[gpu.spec]
+            node = gpu.node
+            old = node.idle_by_spec[gpu.spec]
+            node.idle_by_spec[gpu.spec] = old - 1
+            buckets = self.idle_buckets[gpu.spec]
+            lst = buckets[old]
+            del lst[bisect.bisect_left(lst, node.order)]
+            if old - 1 > 0:
+                bisect.insort(buckets.setdefault(old - 1, []), node.order)
+        else:
+            pool = self.shared_pools[key]
+        i = bisect.bisect_left(pool, gpu.order, key=lambda g: g.order)
+        del pool[i]
+        if not pool and key[0] != "idle":
+            del self.shared_pools[key]
+        gpu.pool_key = None
+
+    # -- reservation -------------------------------------------------------------------------
+
+    def reserve(self, job: JobSpec, cand: Candidate) -> Placement:
+        """Commit ``cand`` for ``job`` in the view and return its Placement."""
+        node = cand.node
+        if node.cores > 0:
+            node.free_cores -= job.cpus
+        need = job.memory_need_mb()
+        for gpu in cand.gpus:
+            self._remove_from_pool(gpu)
+            gpu.jobs = [*gpu.jobs, job]
+            gpu.committed_mb += need
+            gpu.mode = cand.mode
+            if cand.mig_profile is not None:
+                gpu.mig_used += cand.mig_profile.compute_slices
+            self._add_to_pool(gpu)
+        return Placement(
+            job_id=job.id,
+            node=node.name,
+            gpu_indices=tuple(g.index for g in cand.gpus),
+            mode=cand.mode,
+            mig_profile=cand.mig_profile.name if cand.mig_profile is not None else None,
+            cpus=job.cpus,
+        )
+
+    # -- lookups used by the default filter ----------------------------------------------------
+
+    def first_with_cores(self, pool: Sequence[WorkGpu], cpus: int) -> WorkGpu | None:
+        for gpu in pool:
+            if gpu.node.has_cores(cpus):
+                return gpu
+        return None
+
+    def first_node_with_idle(self, spec: GpuSpec, count: int, cpus: int) -> WorkNode | None:
+        """The first node (in order) with exactly ``count`` idle GPUs of ``spec`` and ``cpus``
+        free cores."""
+        for n_order in self.idle_buckets.get(spec, {}).get(count, ()):
+            node = self.nodes[n_order]
+            if node.has_cores(cpus):
+                return node
+        return None
+
+
+class FrameworkPolicy(Policy):
+    """Base of the policies that run the framework's serial decision cycle (see module doc).
+
+    Subclasses set ``name``, ``defaults`` (include ``framework_defaults``), ``colocate``,
+    ``scorers`` and implement the ``score_<name>`` methods and ``explain``.
+    """
+
+    colocate: ClassVar[bool] = False
+    scorers: ClassVar[tuple[str, ...]] = ()
+    defaults: ClassVar[Mapping[str, Any]] = framework_defaults
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        p = self.params
+        if p.get("share_mode", "auto") not in ("auto", "mps", "time_slicing", "mig"):
+            raise PolicyError(
+                f"policy {self.name!r}: share_mode must be auto, mps, time_slicing or mig; "
+                f"got {p['share_mode']!r}"
+            )
+        if int(p.get("max_jobs_per_gpu", 1)) < 1:
+            raise PolicyError(f"policy {self.name!r}: max_jobs_per_gpu must be >= 1")
+        weights = p.get("weights") or {}
+        unknown = set(weights) - set(self.scorers)
+        if unknown:
+            raise PolicyError(
+                f"policy {self.name!r} has no scorer(s) {', '.join(sorted(unknown))}; "
+                f"known: {', '.join(self.scorers) or 'none'}"
+            )
+        self.weights = {s: float(weights.get(s, 1.0)) for s in self.scorers}
+        self.interference: InterferenceModel | None = None
+        if p.get("interference"):
+            self.interference = build_interference(
+                p["interference"], **dict(p.get("interference_params") or {})
+            )
+
+    # -- the cycle -----------------------------------------------------------------------------
+
+    def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
+        view = WorkingView(state)
+        self.begin_cycle(state, view)
+        decisions: list[Decision] = []
+        waiting: dict[str, str] = {}
+        blocked_by: JobSpec | None = None
+        for job in self.sort_queue(state.pending, view, rng):
+            if blocked_by is not None:
+                waiting[job.id] = (
+                    f"waiting behind job {blocked_by.id}, which does not fit yet "
+                    f"(strict queue order, backfill off)"
+                )
+                continue
+            shape = self.shape(job)
+            reason = view.failures.get(shape)
+            cands: list[Candidate] = []
+            if reason is None:
+                cands = [c for c in self.candidates(job, view) if self.keep(job, c, view)]
+                if not cands:
+                    reason = self.no_fit_reason(job, view)
+                    view.failures[shape] = reason
+            chosen = None
+            if cands:
+                self.score_candidates(job, cands, view)
+                chosen = self.pick(job, cands, view, rng)
+                if chosen is None:
+                    reason = f"{self.name}: no acceptable placement among {len(cands)} candidates"
+            if chosen is None:
+                waiting[job.id] = reason or "no feasible placement"
+                if not self.params.get("backfill", True):
+                    blocked_by = job
+                continue
+            explanation = self.explain(job, chosen, cands, view)
+            placement = view.reserve(job, chosen)
+            decisions.append(Decision(placement, self.name, explanation, chosen.score))
+        return Plan(decisions=tuple(decisions), waiting=waiting)
+
+    # -- extension points ----------------------------------------------------------------------
+
+    def begin_cycle(self, state: ClusterState, view: WorkingView) -> None:
+        """Hook to precompute per-cycle data (normalisation ranges...). Default: nothing."""
+
+    def sort_queue(
+        self, pending: Sequence[JobSpec], view: WorkingView, rng: random.Random
+    ) -> list[JobSpec]:
+        """The order jobs are considered in. Default: queue (submission) order."""
+        return list(pending)
+
+    def shape(self, job: JobSpec) -> tuple[Any, ...]:
+        """The cache key of what ``job`` needs: jobs of one shape fit or fail together."""
+        return (
+            job.gpus,
+            job.memory_need_mb(),
+            job.cpus,
+            self.allowed_models(job),
+            self.feasibility_key(job),
+        )
+
+    def feasibility_key(self, job: JobSpec) -> Any:
+        """Anything job-specific a policy's ``keep`` depends on (default: None)."""
+        return None
+
+    def allowed_models(self, job: JobSpec) -> frozenset[str] | None:
+        """GPU models ``job`` may run on (None: any). See ``profiled_models_only``."""
+        if not self.params.get("profiled_models_only", True) or job.profile is None:
+            return None
+        times = job.profile.gpu_time_s
+        if not times:
+            return None
+        return frozenset(m for m, t in times.items() if t is not None and 0 < t < math.inf)
+
+    def keep(self, job: JobSpec, cand: Candidate, view: WorkingView) -> bool:
+        """Extra filter on one candidate (default: keep)."""
+        return True
+
+    def fresh_mode(self, spec: GpuSpec) -> SharingMode:
+        """The mode an idle GPU gets: EXCLUSIVE, or for co-locating policies ``share_mode`` if
+        supported, else MPS if supported, else time-slicing."""
+        if not self.colocate:
+            return SharingMode.EXCLUSIVE
+        wanted = self.params.get("share_mode", "auto")
+        if wanted != "auto":
+            mode = SharingMode(wanted)
+            if spec.supports(mode) and (mode != SharingMode.MIG or spec.mig_profiles):
+                return mode
+        for mode in (SharingMode.MPS, SharingMode.TIME_SLICING):
+            if spec.supports(mode):
+                return mode
+        return SharingMode.EXCLUSIVE
+
+    def candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
+        """The feasible placements of ``job`` (the filter step; see the module docstring)."""
+        if job.gpus <= 0:
+            return self._cpu_candidates(job, view)
+        if job.gpus > 1:
+            return self._multi_gpu_candidates(job, view)
+        return self._single_gpu_candidates(job, view)
+
+    def score_candidates(self, job: JobSpec, cands: list[Candidate], view: WorkingView) -> None:
+        """Fill ``cand.score``: weighted sum of the scorers, min-max normalised when several."""
+        if not self.scorers:
+            return
+        if len(self.scorers) == 1:
+            fn = getattr(self, "score_" + self.scorers[0])
+            for c in cands:
+                c.score = fn(job, c, view)
+                c.raw[self.scorers[0]] = c.score
+            return
+        for c in cands:
+            c.score = 0.0
+        for name in self.scorers:
+            fn = getattr(self, "score_" + name)
+            values = [fn(job, c, view) for c in cands]
+            lo, hi = min(values), max(values)
+            span = hi - lo
+            w = self.weights[name]
+            for c, v in zip(cands, values, strict=True):
+                c.raw[name] = v
+                c.score += w * (100.0 * (v - lo) / span if span > 0 else 100.0)
+
+    def pick(
+        self, job: JobSpec, cands: list[Candidate], view: WorkingView, rng: random.Random
+    ) -> Candidate | None:
+        """The best-scored candidate; ties go to the first in cluster order."""
+        best = None
+        for c in cands:
+            if (
+                best is None
+                or c.score > best.score
+                or (c.score == best.score and c.order < best.order)
+            ):
+                best = c
+        return best
+
+    def explain(
+        self, job: JobSpec, chosen: Candidate, cands: list[Candidate], view: WorkingView
+    ) -> str:
+        """Why ``chosen``: policies override; this default states the placement and fit."""
+        return f"placed {self.placement_text(job, chosen)}"
+
+    # -- helpers for explanations ------------------------------------------------------------------
+
+    def placement_text(self, job: JobSpec, cand: Candidate) -> str:
+        """ "on n3/gpu1 exclusive" (GPU) or "on cpu-0 (4 cores)" (CPU)."""
+        if not cand.gpus:
+            return f"on {cand.node.name} ({job.cpus} of {cand.node.free_cores} free cores)"
+        return f"on {cand.label} {_mode_text(cand.mode, cand.mig_profile)}"
+
+    def fit_text(self, job: JobSpec, cand: Candidate) -> str:
+        """ "needs 9.1 of 16.0 GB free" for the chosen GPU (per GPU for multi-GPU jobs)."""
+        if not cand.gpus:
+            return f"needs {job.cpus} of {cand.node.free_cores} free cores"
+        gpu = cand.gpus[0]
+        need = job.memory_need_mb()
+        if cand.mig_profile is not None:
+            return f"needs {gb(need)} of the instance's {gb(cand.mig_profile.memory_mb)} GB"
+        each = " per GPU" if len(cand.gpus) > 1 else ""
+        return f"needs {gb(need)} of {gb(gpu.free_mb)} GB free{each}"
+
+    def whole_gpus_text(self, job: JobSpec, cand: Candidate, cands: list[Candidate]) -> str:
+        """Explanation for a CPU or multi-GPU placement by a co-locating policy (these take
+        whole idle GPUs, or a CPU node, whatever the policy's scoring)."""
+        where = self.placement_text(job, cand)
+        if not cand.gpus:
+            return f"placed {where}: CPU node chosen among {len(cands)} that fit"
+        gpu = cand.gpus[0]
+        return (
+            f"placed {where}: {len(cand.gpus)} whole idle {gpu.spec.model} on one node "
+            f"(multi-GPU jobs do not share), chosen among {len(cands)} node groups that fit; "
+            f"{self.fit_text(job, cand)}"
+        )
+
+    def residents_text(self, cand: Candidate) -> str:
+        if not cand.residents:
+            return "alone for now"
+        return "with " + ", ".join(f"job {j.id} ({job_type_key(j)})" for j in cand.residents)
+
+    def interference_text(self, job: JobSpec, cand: Candidate) -> str:
+        """ "; predicted slowdown 1.31 (measured)" when an interference model is configured."""
+        if self.interference is None or not cand.residents or cand.gpu is None:
+            return ""
+        s = co_run_slowdown(self.interference, job, cand.residents, cand.gpu.spec, cand.mode)
+        return f"; predicted slowdown {s:.2f} ({self.interference.name})"
+
+    # -- the default filter ------------------------------------------------------------------------
+
+    def _cpu_candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
+        return [
+            Candidate(node, (), SharingMode.EXCLUSIVE)
+            for node in view.cpu_nodes
+            if node.up and node.free_cores >= job.cpus
+        ]
+
+    def _multi_gpu_candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
+        k, need, allowed = job.gpus, job.memory_need_mb(), self.allowed_models(job)
+        out: list[Candidate] = []
+        for spec in view.idle_buckets:
+            if spec.memory_mb < need or (allowed is not None and spec.model not in allowed):
+                continue
+            counts = sorted(c for c, nodes in view.idle_buckets[spec].items() if c >= k and nodes)
+            for count in counts:
+                # One candidate per (spec, idle count): the first node in order with the cores.
+                node = view.first_node_with_idle(spec, count, job.cpus)
+                if node is not None:
+                    gpus = tuple(g for g in node.gpus if g.idle and g.spec == spec)[:k]
+                    out.append(Candidate(node, gpus, SharingMode.EXCLUSIVE))
+        return out
+
+    def _single_gpu_candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
+        need, cpus, allowed = job.memory_need_mb(), job.cpus, self.allowed_models(job)
+        out: list[Candidate] = []
+        for spec, pool in view.idle_pools.items():
+            if not pool or spec.memory_mb < need:
+                continue
+            if allowed is not None and spec.model not in allowed:
+                continue
+            mode = self.fresh_mode(spec)
+            mig = None
+            if mode == SharingMode.MIG:
+                mig = _smallest_mig_profile(spec, need, spec.mig_total_slices)
+                if mig is None:
+                    continue
+            gpu = view.first_with_cores(pool, cpus)
+            if gpu is not None:
+                out.append(Candidate(gpu.node, (gpu,), mode, mig, pool))
+        if not self.colocate:
+            return out
+        limit = int(self.params.get("max_jobs_per_gpu", 2))
+        for key, pool in view.shared_pools.items():
+            spec, mode, residents, committed, _mig_used = key
+            if allowed is not None and spec.model not in allowed:
+                continue
+            mig = None
+            if mode == SharingMode.MIG:
+                mig = _smallest_mig_profile(spec, need, pool[0].free_mig_slices())
+                if mig is None:
+                    continue
+            elif len(residents) >= limit or spec.memory_mb - committed < need:
+                continue
+            gpu = view.first_with_cores(pool, cpus)
+            if gpu is not None:
+                out.append(Candidate(gpu.node, (gpu,), mode, mig, pool))
+        return out
+
+    def no_fit_reason(self, job: JobSpec, view: WorkingView) -> str:
+        """Why ``job`` has no candidate, with the numbers that matter."""
+        need = job.memory_need_mb()
+        allowed = self.allowed_models(job)
+        only = f" (profiled models: {', '.join(sorted(allowed))})" if allowed is not None else ""
+        if job.gpus <= 0:
+            up = [n for n in view.cpu_nodes if n.up]
+            if not up:
+                return "CPU job: no CPU node is up"
+            most = max(up, key=lambda n: n.free_cores)
+            return (
+                f"CPU job needs {job.cpus} free cores: most free is {most.free_cores} on "
+                f"{most.name} ({len(up)} CPU nodes up)"
+            )
+        if view.gpu_count == 0:
+            return "no GPU in the cluster"
+        if job.gpus > 1:
+            best = 0
+            for spec, buckets in view.idle_buckets.items():
+                if spec.memory_mb >= need and (allowed is None or spec.model in allowed):
+                    best = max([best, *(c for c, nodes in buckets.items() if nodes)])
+            return (
+                f"needs {job.gpus} idle GPUs with {gb(need)} GB on one node{only}: "
+                f"at most {best} fit on any node now"
+            )
+        idle = sum(
+            len(p) for s, p in view.idle_pools.items() if allowed is None or s.model in allowed
+        )
+        fitting_idle = sum(
+            len(p)
+            for s, p in view.idle_pools.items()
+            if s.memory_mb >= need and (allowed is None or s.model in allowed)
+        )
+        if fitting_idle:
+            return (
+                f"{fitting_idle} idle GPUs could hold {gb(need)} GB{only} but none on a node "
+                f"with {job.cpus} free cores"
+            )
+        text = f"no idle GPU with {gb(need)} GB{only} ({idle} idle GPUs, all too small)"
+        if idle == 0:
+            text = f"no idle GPU{only} (all {view.gpu_count} busy or down)"
+        if self.colocate:
+            most = max(
+                (
+                    key[0].memory_mb - key[3]
+                    for key in view.shared_pools
+                    if key[1] in _SHARED_MODES
+                    and len(key[2]) < int(self.params.get("max_jobs_per_gpu", 2))
+                    and (allowed is None or key[0].model in allowed)
+                ),
+                default=None,
+            )
+            if most is None:
+                text += "; no shared GPU below its job limit"
+            else:
+                text += f"; most free on a shared GPU below its job limit: {gb(most)} GB"
+        return text
+
+
+def _smallest_mig_profile(spec: GpuSpec, need_mb: float, free_slices: int) -> MigProfile | None:
+    """The MIG profile with the least memory >= ``need_mb`` that fits in ``free_slices``."""
+    best = None
+    for prof in spec.mig_profiles:
+        if (
+            prof.memory_mb >= need_mb
+            and prof.compute_slices <= free_slices
+            and (
+                best is None
+                or (prof.memory_mb, prof.compute_slices) < (best.memory_mb, best.compute_slices)
+            )
+        ):
+            best = prof
+    return best

@@ -1,0 +1,57 @@
+"""The policy registry: names -> ``"module:Class"`` paths, imported lazily (STYLE.md).
+
+Adding a policy is one line in ``POLICIES``; nothing is imported until it is built, so a broken
+or heavy policy module costs nothing to the others. The portal and the simulator both build
+policies here, from a name and a settings mapping:
+
+    policy = build_policy("binpack", {"max_jobs_per_gpu": 3})
+    plan = policy.schedule(state, random.Random(seed))
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from scheduler.policies.base import Policy, PolicyError
+
+POLICIES: dict[str, str] = {
+    "fifo": "scheduler.policies.fifo:FifoPolicy",
+    "binpack": "scheduler.policies.binpack:BinpackPolicy",
+    "loadbalance": "scheduler.policies.loadbalance:LoadBalancePolicy",
+    "random": "scheduler.policies.random_policy:RandomPolicy",
+    "mystic": "scheduler.policies.mystic:MysticPolicy",
+    # Later: "placement_rate", "coscheml", "kscheduler", "sharing_mode", "slowdown_dr",
+    # "elastic" -> "scheduler.policies.<module>:<Class>".
+}
+
+
+def available_policies() -> list[str]:
+    """The registered policy names, sorted."""
+    return sorted(POLICIES)
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The class registered as ``name`` (imported on first use)."""
+    path = POLICIES.get(name)
+    if path is None:
+        raise PolicyError(f"unknown policy {name!r}; known: {', '.join(available_policies())}")
+    module_name, _, attr = path.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr, None)
+    if not (isinstance(cls, type) and issubclass(cls, Policy)):
+        raise PolicyError(f"policy {name!r}: {path} is not a Policy subclass")
+    return cls
+
+
+def build_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:
+    """A ready policy: the class registered as ``name`` with ``params`` over its defaults.
+
+    Raises PolicyError for an unknown name (listing the known ones) or an unknown parameter.
+    """
+    return policy_class(name)(**dict(params or {}))
+
+
+def policy_defaults(name: str) -> dict[str, Any]:
+    """The documented default parameters of policy ``name`` (for settings pages and docs)."""
+    return dict(policy_class(name).defaults)
