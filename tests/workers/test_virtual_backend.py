@@ -137,6 +137,27 @@ def test_interference_scales_utilisation_down_for_co_runners_only():
     assert ("a", ("b",), "V100", SharingMode.MPS) in model.calls
     backend.set_paused("b", True)  # a paused job is nobody's co-runner
     assert backend.sample(now=0)[0].util_pct == 70.0
+    assert backend.slowdown("a") == 1.0
+
+
+def test_time_slicing_shares_time_and_adds_interference_on_top():
+    backend = VirtualBackend("V100", interference=FixedInterference(1.25))
+    backend.attach("a", 0, SMALL, SharingMode.TIME_SLICING)
+    backend.attach("b", 0, SMALL, SharingMode.TIME_SLICING)
+    # the model's 1.25 is the part on top of the time share: 20/1.25 + 20/1.25
+    assert backend.sample(now=0)[0].util_pct == pytest.approx(32.0)
+    assert backend.slowdown("a") == pytest.approx(2 * 1.25)
+    plain = VirtualBackend("V100")
+    plain.attach("a", 0, SMALL, SharingMode.TIME_SLICING)
+    plain.attach("b", 0, SMALL, SharingMode.TIME_SLICING)
+    assert plain.slowdown("a") == pytest.approx(2.0)  # time share without any model
+
+
+def test_infeasible_co_location_drives_no_utilisation():
+    backend = VirtualBackend("V100", interference=FixedInterference(float("inf")))
+    backend.attach("a", 0, SMALL, SharingMode.MPS)
+    backend.attach("b", 0, SMALL, SharingMode.MPS)
+    assert backend.sample(now=0)[0].util_pct == 0.0
 
 
 def test_mps_percentage_caps_a_jobs_share():

@@ -10,10 +10,17 @@ then reports, per GPU:
 - **utilisation**: the sum over running jobs of ``util_i / slowdown_i``, capped at 100 %.
   ``util_i`` is the profile's ``gpu_util_pct`` (100 when unknown), capped at the job's MPS
   active-thread percentage under MPS and scaled by its MIG slice share under MIG.
-  ``slowdown_i`` (co-run time / solo time, >= 1) comes from the optional interference model
-  (``scheduler.interference.InterferenceModel``) given the other running jobs on the GPU; a job
-  that runs ``s`` times slower does ``1/s`` of its solo work per second, so it drives ``1/s`` of
-  its solo utilisation. Paused jobs contribute nothing and are nobody's co-runner.
+  ``slowdown_i`` (>= 1) is the optional interference model's value
+  (``scheduler.interference.InterferenceModel.slowdown``) next to the other running jobs on the
+  GPU: under MPS the whole co-run slowdown, under time-slicing only the interference on top of
+  the time share (that module's convention), 1 under MIG and without a model. A job slowed ``s``
+  times by contention does ``1/s`` of its solo work per busy second, so it drives ``1/s`` of its
+  solo utilisation; under time-slicing the jobs' idle gaps are filled by the others, hence the
+  sum. An infeasible pair (``inf``) drives nothing. Paused jobs contribute nothing and are
+  nobody's co-runner.
+
+``slowdown(job_id)`` gives the job's *total* co-run slowdown (time share included, through
+``scheduler.interference.co_run_slowdown``), for estimating how fast a virtual job progresses.
 
 No randomness: the same calls give the same readings.
 """
@@ -26,7 +33,7 @@ from dataclasses import dataclass
 
 from scheduler.catalog import gpu_spec
 from scheduler.domain import GpuSpec, JobSpec, MigProfile, Profile, SharingMode
-from scheduler.interference import InterferenceModel
+from scheduler.interference import InterferenceModel, NoInterference, co_run_slowdown
 from workers.gpu.base import (
     DEFAULT_CLOCK,
     Clock,
@@ -238,12 +245,20 @@ class VirtualBackend:
         return samples
 
     def slowdown(self, job_id: str) -> float:
-        """Co-run time / solo time of a running job now (1.0 without a model or co-runners).
+        """Total co-run time / solo time of a running job now: time share and interference.
 
-        With several GPUs, the worst of them (a data-parallel job waits for its slowest replica).
+        1.0 alone; with several GPUs, the worst of them (a data-parallel job waits for its
+        slowest replica). Without a model, time-slicing still shares time (``n`` jobs: ``n``).
         """
         job = self._job(job_id)
-        return max(self._slowdown_on(job, i) for i in job.gpu_indices)
+        model = self.interference or NoInterference()
+        worst = 1.0
+        for index in job.gpu_indices:
+            others = self._co_runners(job, index)
+            if others:
+                factor = co_run_slowdown(model, job.spec(), others, self.specs[index], job.mode)
+                worst = max(worst, factor)
+        return worst
 
     def utilisation(self, index: int) -> float:
         """Utilisation (percent) of virtual GPU ``index`` now; see the module docstring."""
@@ -283,10 +298,14 @@ class VirtualBackend:
             if index in j.gpu_indices and (mode is None or j.mode is mode)
         ]
 
+    def _co_runners(self, job: VirtualJob, index: int) -> list[JobSpec]:
+        return [j.spec() for j in self._jobs_on(index) if j.job_id != job.job_id and not j.paused]
+
     def _slowdown_on(self, job: VirtualJob, index: int) -> float:
+        """The model's slowdown of ``job`` on GPU ``index`` (see the module docstring)."""
         if self.interference is None or job.paused:
             return 1.0
-        others = [j.spec() for j in self._jobs_on(index) if j.job_id != job.job_id and not j.paused]
+        others = self._co_runners(job, index)
         if not others:
             return 1.0
         factor = self.interference.slowdown(job.spec(), others, self.specs[index], job.mode)
