@@ -1,0 +1,1015 @@
+"""The discrete-event simulator: a trace replayed on a simulated cluster under one policy.
+
+Execution model (docs/simulator.md has the long version):
+
+- Work. A job's progress runs from 0 to 1 (fraction of its solo work). On a GPU of model g its
+  speed is ``1 / solo_time(g)`` per second times a factor <= 1 for sharing; on a CPU placement
+  ``1 / cpu_time_s``. Progress is integrated lazily between events; when co-location, pause
+  state or placement changes, the speeds of the jobs involved are recomputed and their next
+  event (completion, or the next memory-step boundary) is rescheduled. No fixed ticks.
+- Sharing factor per GPU: EXCLUSIVE 1; TIME_SLICING ``1 / (n * (1 + overhead) * part)`` with
+  ``n`` unpaused jobs (n > 1) and ``part`` the interference model's time-slicing part; MPS
+  ``1 / slowdown`` from the interference model next to the unpaused co-runners; MIG
+  ``(slices / total) ** mig_speed_exponent``. A multi-GPU job runs at its slowest GPU's speed.
+  Slowdowns below 1 are clamped to 1 (no co-runner makes a job faster than alone); an infinite
+  slowdown ("cannot co-run", measured infeasible for memory) is an OOM of the job placed last.
+- Memory. A job's GPU memory follows ``Profile.memory_steps`` (linear within a step from
+  ``from_mb`` to ``to_mb`` as progress goes from the step's start to the next step's start),
+  else its constant ``memory_need_mb()``. Paused jobs keep their memory. When the jobs on a GPU
+  (or one MIG instance) outgrow it, the growing job is OOM-killed: failed or requeued.
+- The policy is called after each batch of simultaneous events that includes an arrival, a
+  completion, a failure, or a periodic tick, with a ``ClusterState`` snapshot. Its plan is
+  validated (``PolicyDecisionError``) and applied: actions first, then decisions.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from itertools import count
+
+from scheduler.cluster_spec import ClusterSpec
+from scheduler.domain import (
+    ActionKind,
+    ClusterState,
+    GpuSpec,
+    GpuState,
+    JobSpec,
+    NodeKind,
+    NodeState,
+    Placement,
+    Plan,
+    RunningJob,
+    SharingMode,
+)
+from scheduler.policies.base import Policy
+from scheduler.simulator.results import (
+    EndReason,
+    JobRecord,
+    OomAction,
+    PolicyDecisionError,
+    SimConfig,
+    SimResult,
+    SimulationError,
+    SlowdownSample,
+    TimelinePoint,
+)
+
+# Event kinds; the number orders simultaneous events (completions free memory before the OOM
+# checks, and both before arrivals and ticks).
+_JOB, _OOM, _ARRIVAL, _TICK, _SAMPLE = 0, 1, 2, 3, 4
+_MEM_TOL_MB = 1e-3  # memory may exceed capacity by this much (float noise) before an OOM
+
+_PENDING, _RUNNING, _DONE = "pending", "running", "done"
+
+
+class _Job:
+    __slots__ = (
+        "spec", "seq", "status", "placement", "gpus", "node", "model", "solo_s", "progress",
+        "t_last", "rate", "paused", "version", "first_start", "last_start", "finish",
+        "reason", "explanation", "segments", "bounds", "const_mem", "oom_count", "restarts",
+        "preemptions", "paused_since", "paused_total", "rj_version", "waiting", "target",
+    )
+
+    def __init__(self, spec: JobSpec, seq: int) -> None:
+        self.spec = spec
+        self.seq = seq
+        self.status = _PENDING
+        self.placement: Placement | None = None
+        self.gpus: list[_Gpu] = []
+        self.node: _Node | None = None
+        self.model: str | None = None
+        self.solo_s = 0.0
+        self.progress = 0.0
+        self.t_last = 0.0
+        self.rate = 0.0
+        self.paused = False
+        self.version = 0
+        self.first_start: float | None = None
+        self.last_start = 0.0
+        self.finish: float | None = None
+        self.reason: EndReason | None = None
+        self.explanation = ""
+        self.waiting = ""
+        self.oom_count = 0
+        self.restarts = 0
+        self.preemptions = 0
+        self.paused_since = 0.0
+        self.paused_total = 0.0
+        self.rj_version = 0
+        self.target = 1.0  # progress at its next scheduled event (a step boundary or 1)
+        # Memory phases as segments (start, end, from_mb, to_mb); bounds = starts.
+        steps = spec.profile.memory_steps if spec.profile is not None else ()
+        self.const_mem = spec.memory_need_mb()
+        self.segments: list[tuple[float, float, float, float]] = []
+        for i, s in enumerate(steps):
+            end = steps[i + 1].start_fraction if i + 1 < len(steps) else 1.0
+            if end > s.start_fraction:
+                self.segments.append((s.start_fraction, end, s.from_mb, s.to_mb))
+        if self.segments and self.segments[0][0] > 0:
+            first = self.segments[0]
+            self.segments.insert(0, (0.0, first[0], first[2], first[2]))
+        self.bounds = [seg[0] for seg in self.segments]
+
+    # Memory as a function of progress -----------------------------------------------------
+
+    def mem_at(self, p: float) -> float:
+        """GPU memory (MB, per GPU) at progress ``p``."""
+        if not self.segments:
+            return self.const_mem
+        i = max(0, bisect.bisect_right(self.bounds, p) - 1)
+        start, end, lo, hi = self.segments[i]
+        frac = min(1.0, max(0.0, (p - start) / (end - start)))
+        return lo + (hi - lo) * frac
+
+    def mem_slope(self, p: float) -> float:
+        """d memory / d progress (MB per unit progress) in the segment holding ``p``."""
+        if not self.segments or p >= 1.0:
+            return 0.0
+        i = max(0, bisect.bisect_right(self.bounds, p) - 1)
+        start, end, lo, hi = self.segments[i]
+        return (hi - lo) / (end - start)
+
+    def next_bound(self, p: float) -> float | None:
+        i = bisect.bisect_right(self.bounds, p + 1e-12)
+        return self.bounds[i] if i < len(self.bounds) else None
+
+    def progress_at(self, now: float) -> float:
+        if self.rate <= 0.0:
+            return self.progress
+        return min(1.0, self.progress + self.rate * (now - self.t_last))
+
+
+class _Gpu:
+    __slots__ = ("node", "index", "spec", "mode", "jobs", "mig_used", "version", "util")
+
+    def __init__(self, node: _Node, index: int, spec: GpuSpec) -> None:
+        self.node = node
+        self.index = index
+        self.spec = spec
+        self.mode: SharingMode | None = None
+        self.jobs: list[_Job] = []
+        self.mig_used = 0
+        self.version = 0
+        self.util = 0.0
+
+    @property
+    def live(self) -> bool:
+        """True if its memory use changes with time (a job on it has memory steps)."""
+        return any(j.segments for j in self.jobs)
+
+    def label(self) -> str:
+        return f"{self.node.name}/{self.index}"
+
+
+class _Node:
+    __slots__ = ("spec_index", "name", "kind", "cores", "free_cores", "memory_mb", "gpus")
+
+    def __init__(self, spec_index: int, name: str, kind: NodeKind, cores: int, memory: float):
+        self.spec_index = spec_index
+        self.name = name
+        self.kind = kind
+        self.cores = cores
+        self.free_cores = cores
+        self.memory_mb = memory
+        self.gpus: list[_Gpu] = []
+
+
+class Simulator:
+    """Replays ``jobs`` on ``cluster`` under ``policy``. Call ``run()`` once.
+
+    ``interference``: an ``InterferenceModel`` (``scheduler.interference``) or None for no
+    interference. ``on_job_end(done, total)`` is called whenever a job ends (progress bars).
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        jobs: Sequence[JobSpec],
+        policy: Policy,
+        *,
+        interference: object | None = None,
+        config: SimConfig | None = None,
+        on_job_end: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self.policy_name = policy.name or type(policy).__name__
+        self.interference = interference
+        self.config = config or SimConfig()
+        self.on_job_end = on_job_end
+        self.rng = random.Random(self.config.seed)
+        ids = [j.id for j in jobs]
+        if len(set(ids)) != len(ids):
+            dup = next(i for i in ids if ids.count(i) > 1)
+            raise SimulationError(f"job id {dup!r} appears twice in the trace")
+        self.jobs = [_Job(spec, i) for i, spec in enumerate(jobs)]
+        self.by_id = {j.spec.id: j for j in self.jobs}
+        self.nodes: list[_Node] = []
+        self.node_by_name: dict[str, _Node] = {}
+        for i, ns in enumerate(cluster.nodes):
+            node = _Node(i, ns.name, ns.kind, ns.cores, ns.memory_mb)
+            if ns.gpu_model is not None:
+                spec = cluster.gpu_spec(ns.gpu_model)
+                node.gpus = [_Gpu(node, k, spec) for k in range(ns.gpu_count)]
+            self.nodes.append(node)
+            self.node_by_name[node.name] = node
+        self.gpu_count = sum(len(n.gpus) for n in self.nodes)
+
+        self.now = 0.0
+        self.heap: list[tuple] = []
+        self.seq = count()
+        self.pending: dict[str, _Job] = {}
+        self.running: dict[str, _Job] = {}
+        self.arrivals_left = len(self.jobs)
+        self.done = 0
+        self.oom_count = 0
+        self.events = 0
+        self.policy_calls = 0
+        self.ignored_actions = 0
+        self.latencies: list[float] = []
+        self.timeline: list[TimelinePoint] = []
+        self.samples: list[SlowdownSample] = []
+        self.busy = 0.0
+        self.busy_area = 0.0  # GPU-seconds busy so far
+        self.n_paused = 0
+        self.live_nodes: dict[_Node, int] = {}  # nodes running jobs with memory steps
+        self.last_call_changed = False
+        # Changes since the last recompute.
+        self.touched_gpus: set[_Gpu] = set()
+        self.touched_jobs: set[_Job] = set()
+        # Snapshot caches.
+        self.node_states: list[NodeState] = [None] * len(self.nodes)  # type: ignore[list-item]
+        self.dirty_nodes: set[_Node] = set(self.nodes)
+        self.nodes_tuple: tuple[NodeState, ...] | None = None
+        self.pending_tuple: tuple[JobSpec, ...] | None = None
+        self.rj: dict[str, RunningJob] = {}
+        self.rj_dirty: set[_Job] = set()
+        self.rj_refresh: list[tuple[float, int, int, _Job]] = []
+        self.running_tuple: tuple[RunningJob, ...] | None = None
+
+    # ------------------------------------------------------------------------------------
+    # Main loop
+
+    def run(self) -> SimResult:
+        """Run to the end and return the records. Raises PolicyDecisionError on a bad plan."""
+        wall0 = time.perf_counter()
+        for job in self.jobs:
+            self._push(job.spec.arrival_s, _ARRIVAL, job)
+        interval = self.config.reschedule_interval_s
+        if interval:
+            self._push(interval, _TICK, None)
+        self.sample_interval = self.config.sample_interval_s or self._auto_sample_interval()
+        self._push(0.0, _SAMPLE, None)
+        horizon = self.config.max_time_s
+        stopped_early = False
+        while self.heap:
+            t = self.heap[0][0]
+            if horizon is not None and t > horizon:
+                self._advance_clock(horizon)
+                stopped_early = True
+                break
+            self._advance_clock(t)
+            trigger = False
+            sample = False
+            while self.heap and self.heap[0][0] <= t:
+                _, kind, _, obj, version = heapq.heappop(self.heap)
+                self.events += 1
+                if kind == _JOB:
+                    trigger |= self._on_job_event(obj, version)
+                elif kind == _OOM:
+                    if obj.version == version:
+                        trigger |= self._check_oom(obj)
+                elif kind == _ARRIVAL:
+                    self._on_arrival(obj)
+                    trigger = True
+                elif kind == _TICK:
+                    trigger = True
+                    if self._alive():
+                        self._push(t + interval, _TICK, None)
+                else:
+                    sample = True
+            rounds = 0
+            while True:
+                if trigger:
+                    self._call_policy()
+                trigger = self._recompute()
+                if not trigger:
+                    break
+                rounds += 1
+                if rounds > 10_000:  # pragma: no cover - a policy that never settles
+                    raise SimulationError(f"policy {self.policy_name!r} does not settle at "
+                                          f"t={t:.3f} s")
+            self._record_timeline()
+            if sample:
+                self._sample_slowdown()
+                if self._alive():
+                    self._push(t + self.sample_interval, _SAMPLE, None)
+        return self._finish(stopped_early, time.perf_counter() - wall0)
+
+    def _push(self, t: float, kind: int, obj: object, version: int = 0) -> None:
+        heapq.heappush(self.heap, (t, kind, next(self.seq), obj, version))
+
+    def _alive(self) -> bool:
+        """Whether anything can still happen (else ticks and samples stop)."""
+        if self.arrivals_left or self.last_call_changed:
+            return True
+        return any(not j.paused for j in self.running.values())
+
+    def _advance_clock(self, t: float) -> None:
+        self.busy_area += self.busy * (t - self.now)
+        self.now = t
+
+    def _auto_sample_interval(self) -> float:
+        if not self.jobs:
+            return 1.0
+        work = 0.0
+        longest = 0.0
+        for j in self.jobs:
+            times = [] if j.spec.profile is None else list(j.spec.profile.gpu_time_s.values())
+            cpu = j.spec.profile.cpu_time_s if j.spec.profile is not None else None
+            if cpu is not None and (j.spec.gpus == 0 or not times):
+                times.append(cpu)
+            if times:
+                fastest = min(times)
+                work += fastest * max(1, j.spec.gpus)
+                longest = max(longest, fastest)
+        span = max(j.spec.arrival_s for j in self.jobs) + longest
+        span += work / max(1, self.gpu_count)
+        return max(span / 400.0, 1e-3)
+
+    # ------------------------------------------------------------------------------------
+    # Events
+
+    def _on_arrival(self, job: _Job) -> None:
+        self.arrivals_left -= 1
+        job.t_last = self.now
+        self.pending[job.spec.id] = job
+        self.pending_tuple = None
+
+    def _on_job_event(self, job: _Job, version: int) -> bool:
+        if job.version != version or job.status != _RUNNING:
+            return False
+        self._advance(job)
+        if job.target < 1.0:
+            # A memory-step boundary: snap onto it; the memory slope of its GPUs changes.
+            job.progress = max(job.progress, job.target)
+            self.touched_jobs.add(job)
+            self.touched_gpus.update(job.gpus)
+            return False
+        job.progress = 1.0
+        self._end_job(job, EndReason.COMPLETED)
+        return True
+
+    def _check_oom(self, gpu: _Gpu) -> bool:
+        """OOM-kill the job that grew if the jobs on ``gpu`` outgrew it. True if one died."""
+        victims = self._oom_victims(gpu)
+        for victim in victims:
+            self._oom(victim, f"out of memory on {gpu.label()}")
+        if not victims:
+            self.touched_gpus.add(gpu)  # re-forecast
+        return bool(victims)
+
+    def _oom_victims(self, gpu: _Gpu) -> list[_Job]:
+        now = self.now
+        if gpu.mode == SharingMode.MIG:
+            out = []
+            for j in gpu.jobs:
+                cap = self._mig_memory(gpu, j)
+                if j.mem_at(j.progress_at(now)) > cap + _MEM_TOL_MB / 2:
+                    out.append(j)
+            return out
+        total = sum(j.mem_at(j.progress_at(now)) for j in gpu.jobs)
+        if total <= gpu.spec.memory_mb + _MEM_TOL_MB / 2:
+            return []
+        return [self._grower(gpu)]
+
+    def _grower(self, gpu: _Gpu) -> _Job:
+        """The job to blame for an OOM: the fastest-growing one, else the last placed."""
+        now = self.now
+
+        def key(j: _Job) -> tuple[float, float, int]:
+            growth = 0.0 if j.paused else j.mem_slope(j.progress_at(now)) * j.rate
+            return (growth, j.last_start, j.seq)
+
+        return max(gpu.jobs, key=key)
+
+    def _oom(self, job: _Job, why: str) -> None:
+        self.oom_count += 1
+        job.oom_count += 1
+        if self.config.oom_action == OomAction.REQUEUE and job.restarts < \
+                self.config.max_oom_restarts:
+            job.restarts += 1
+            self._to_queue(job, keep_progress=False)
+            job.explanation = f"{why}; requeued (restart {job.restarts})"
+        else:
+            self._end_job(job, EndReason.FAILED_OOM)
+            job.explanation = f"{why}; failed"
+
+    # ------------------------------------------------------------------------------------
+    # Job state changes
+
+    def _advance(self, job: _Job) -> None:
+        if job.rate > 0.0:
+            job.progress = min(1.0, job.progress + job.rate * (self.now - job.t_last))
+        job.t_last = self.now
+
+    def _release(self, job: _Job) -> None:
+        """Take a running job off its GPUs and cores."""
+        self._advance(job)
+        for gpu in job.gpus:
+            gpu.jobs.remove(job)
+            if job.placement is not None and job.placement.mig_profile:
+                gpu.mig_used -= self._mig_slices(gpu, job.placement.mig_profile)
+            if not gpu.jobs:
+                gpu.mode = None
+            self.touched_gpus.add(gpu)
+        if job.node is not None and job.placement is not None:
+            job.node.free_cores += job.placement.cpus
+            self.dirty_nodes.add(job.node)
+        if job.paused:
+            job.paused_total += self.now - job.paused_since
+            job.paused = False
+            self.n_paused -= 1
+        if job.segments and job.gpus:
+            self._count_live(job.gpus[0].node, -1)
+        job.gpus = []
+        job.rate = 0.0
+        job.version += 1
+        self.running.pop(job.spec.id, None)
+        self.rj.pop(job.spec.id, None)
+        self.rj_dirty.discard(job)
+        self.running_tuple = None
+
+    def _end_job(self, job: _Job, reason: EndReason) -> None:
+        if job.status == _RUNNING:
+            self._release(job)
+        elif job.status == _PENDING:
+            self.pending.pop(job.spec.id, None)
+            self.pending_tuple = None
+        job.status = _DONE
+        job.reason = reason
+        job.finish = self.now
+        self.done += 1
+        if self.on_job_end is not None:
+            self.on_job_end(self.done, len(self.jobs))
+
+    def _to_queue(self, job: _Job, *, keep_progress: bool) -> None:
+        self._release(job)
+        job.status = _PENDING
+        if not keep_progress:
+            job.progress = 0.0
+        self.pending[job.spec.id] = job
+        if len(self.pending) > 1:  # keep submission order
+            self.pending = dict(sorted(self.pending.items(), key=lambda kv: kv[1].seq))
+        self.pending_tuple = None
+
+    # ------------------------------------------------------------------------------------
+    # Speeds, next events and memory forecasts
+
+    def _recompute(self) -> bool:
+        """Recompute speeds after changes; returns True if an infeasible co-location killed a
+        job (the policy is then called again)."""
+        if not self.touched_gpus and not self.touched_jobs:
+            return False
+        affected = set(self.touched_jobs)
+        for gpu in self.touched_gpus:
+            affected.update(gpu.jobs)
+        forecast = set(self.touched_gpus)
+        killed = False
+        for job in sorted(affected, key=lambda j: j.seq):
+            if job.status != _RUNNING:
+                continue
+            self._advance(job)
+            new_rate, blocked = self._rate(job)
+            if blocked is not None:
+                victim = max(blocked.jobs, key=lambda j: (j.last_start, j.seq))
+                self._oom(victim, f"cannot co-run on {blocked.label()} (interference model: "
+                                  "infeasible)")
+                killed = True
+                continue
+            if new_rate != job.rate or job in self.touched_jobs:
+                job.rate = new_rate
+                job.version += 1
+                self._schedule_job(job)
+                forecast.update(job.gpus)
+                self.rj_dirty.add(job)
+                if job.node is not None:
+                    self.dirty_nodes.add(job.node)
+        self.touched_jobs = set()
+        self.touched_gpus = set()
+        for gpu in sorted(forecast, key=lambda g: (g.node.spec_index, g.index)):
+            gpu.version += 1
+            self.dirty_nodes.add(gpu.node)
+            old = gpu.util
+            gpu.util = self._util(gpu)
+            self.busy += gpu.util - old
+            self._forecast_oom(gpu)
+        return killed
+
+    def _rate(self, job: _Job) -> tuple[float, _Gpu | None]:
+        """(progress per second, GPU whose co-location is infeasible or None)."""
+        if job.paused:
+            return 0.0, None
+        base = 1.0 / job.solo_s if job.solo_s > 0 else math.inf
+        factor = 1.0
+        for gpu in job.gpus:
+            f = self._gpu_factor(job, gpu)
+            if f == 0.0:
+                return 0.0, gpu
+            factor = min(factor, f)
+        return base * factor, None
+
+    def _gpu_factor(self, job: _Job, gpu: _Gpu) -> float:
+        mode = gpu.mode
+        if mode == SharingMode.MIG:
+            slices = self._mig_slices(gpu, job.placement.mig_profile)  # type: ignore[union-attr]
+            total = gpu.spec.mig_total_slices or slices
+            return (slices / total) ** self.config.mig_speed_exponent
+        if mode == SharingMode.EXCLUSIVE or mode is None:
+            return 1.0
+        co = [j.spec for j in gpu.jobs if j is not job and not j.paused]
+        if not co:
+            return 1.0
+        part = 1.0
+        if self.interference is not None:
+            part = self.interference.slowdown(job.spec, co, gpu.spec, mode)  # type: ignore
+            if math.isinf(part) or math.isnan(part):
+                return 0.0
+            part = max(1.0, part)
+        if mode == SharingMode.TIME_SLICING:
+            return 1.0 / ((1 + len(co)) * (1.0 + self.config.context_switch_overhead) * part)
+        return 1.0 / part
+
+    def _schedule_job(self, job: _Job) -> None:
+        if job.rate <= 0.0:
+            return
+        t_end = self.now + (1.0 - job.progress) / job.rate
+        bound = job.next_bound(job.progress)
+        if bound is not None and bound < 1.0:
+            t_bound = self.now + (bound - job.progress) / job.rate
+            if t_bound < t_end:
+                job.target = bound
+                self._push(t_bound, _JOB, job, job.version)
+                return
+        job.target = 1.0
+        self._push(t_end, _JOB, job, job.version)
+
+    def _forecast_oom(self, gpu: _Gpu) -> None:
+        """Push an OOM check for when the jobs on ``gpu`` will outgrow it at current speeds."""
+        if not gpu.jobs or not gpu.live:
+            return
+        now = self.now
+        if gpu.mode == SharingMode.MIG:
+            best = math.inf
+            for j in gpu.jobs:
+                p = j.progress_at(now)
+                growth = 0.0 if j.paused else j.mem_slope(p) * j.rate
+                room = self._mig_memory(gpu, j) + _MEM_TOL_MB - j.mem_at(p)
+                if room <= _MEM_TOL_MB / 2:
+                    best = now
+                elif growth > 0:
+                    best = min(best, now + room / growth)
+            if best < math.inf:
+                self._push(best, _OOM, gpu, gpu.version)
+            return
+        total = 0.0
+        growth = 0.0
+        for j in gpu.jobs:
+            p = j.progress_at(now)
+            total += j.mem_at(p)
+            if not j.paused:
+                growth += j.mem_slope(p) * j.rate
+        room = gpu.spec.memory_mb + _MEM_TOL_MB - total
+        if room <= _MEM_TOL_MB / 2:
+            self._push(now, _OOM, gpu, gpu.version)
+        elif growth > 0:
+            self._push(now + room / growth, _OOM, gpu, gpu.version)
+
+    def _util(self, gpu: _Gpu) -> float:
+        if gpu.mode == SharingMode.MIG:
+            total = gpu.spec.mig_total_slices or 1
+            used = sum(
+                self._mig_slices(gpu, j.placement.mig_profile)  # type: ignore[union-attr]
+                for j in gpu.jobs
+                if not j.paused
+            )
+            return min(1.0, used / total)
+        return 1.0 if any(not j.paused for j in gpu.jobs) else 0.0
+
+    @staticmethod
+    def _mig_slices(gpu: _Gpu, profile: str | None) -> int:
+        for p in gpu.spec.mig_profiles:
+            if p.name == profile:
+                return p.compute_slices
+        return 0
+
+    @staticmethod
+    def _mig_memory(gpu: _Gpu, job: _Job) -> float:
+        name = job.placement.mig_profile if job.placement else None
+        for p in gpu.spec.mig_profiles:
+            if p.name == name:
+                return float(p.memory_mb)
+        return float(gpu.spec.memory_mb)
+
+    # ------------------------------------------------------------------------------------
+    # The policy
+
+    def _call_policy(self) -> None:
+        state = ClusterState(
+            now_s=self.now,
+            nodes=self._nodes_snapshot(),
+            pending=self._pending_snapshot(),
+            running=self._running_snapshot(),
+        )
+        t0 = time.perf_counter()
+        plan = self.policy.schedule(state, self.rng)
+        self.latencies.append(time.perf_counter() - t0)
+        self.policy_calls += 1
+        if not isinstance(plan, Plan):
+            raise SimulationError(
+                f"policy {self.policy_name!r} returned {type(plan).__name__}, not a Plan"
+            )
+        changed = False
+        for action in plan.actions:
+            changed |= self._apply_action(action)
+        for decision in plan.decisions:
+            self._apply_decision(decision.placement, decision.explanation)
+            changed = True
+        for job_id, reason in plan.waiting.items():
+            job = self.pending.get(job_id)
+            if job is not None:
+                job.waiting = reason
+        self.last_call_changed = changed
+
+    def _apply_action(self, action) -> bool:  # noqa: ANN001 - scheduler.domain.Action
+        job = self.by_id.get(action.job_id)
+        if job is None:
+            raise PolicyDecisionError(self.policy_name, action.job_id,
+                                      f"{action.kind} names an unknown job")
+        kind = action.kind
+        if kind in (ActionKind.PAUSE, ActionKind.RESUME, ActionKind.REQUEUE) and \
+                job.status != _RUNNING:
+            raise PolicyDecisionError(self.policy_name, job.spec.id,
+                                      f"{kind} on a job that is {job.status}, not running")
+        if kind == ActionKind.PAUSE:
+            if job.paused:
+                return False
+            self._advance(job)
+            job.paused = True
+            job.paused_since = self.now
+            self.n_paused += 1
+        elif kind == ActionKind.RESUME:
+            if not job.paused:
+                return False
+            self._advance(job)
+            job.paused = False
+            job.paused_total += self.now - job.paused_since
+            self.n_paused -= 1
+        elif kind == ActionKind.REQUEUE:
+            job.preemptions += 1
+            self._to_queue(job, keep_progress=self.config.requeue_keeps_progress)
+            job.explanation = f"requeued by {self.policy_name}: {action.explanation}"
+            return True
+        else:
+            self.ignored_actions += 1  # data ratios / worker counts: not modelled yet
+            return False
+        self.touched_jobs.add(job)
+        self.touched_gpus.update(job.gpus)
+        self.rj_dirty.add(job)
+        return True
+
+    def _apply_decision(self, pl: Placement, explanation: str) -> None:
+        name = self.policy_name
+        job = self.by_id.get(pl.job_id)
+        if job is None:
+            raise PolicyDecisionError(name, pl.job_id, "placed a job that does not exist")
+        if job.status != _PENDING or pl.job_id not in self.pending:
+            raise PolicyDecisionError(
+                name, pl.job_id,
+                f"placed a job that is {job.status}, not pending (placed twice?)",
+            )
+        node = self.node_by_name.get(pl.node)
+        if node is None:
+            raise PolicyDecisionError(name, pl.job_id, f"placed on unknown node {pl.node!r}")
+        if pl.cpus > node.free_cores:
+            raise PolicyDecisionError(
+                name, pl.job_id,
+                f"over-commits CPU cores on {node.name}: needs {pl.cpus}, "
+                f"{node.free_cores} of {node.cores} free",
+            )
+        spec = job.spec
+        gpus: list[_Gpu] = []
+        if pl.gpu_indices:
+            if len(pl.gpu_indices) != spec.gpus:
+                raise PolicyDecisionError(
+                    name, pl.job_id,
+                    f"needs {spec.gpus} GPU(s) but was given {len(pl.gpu_indices)}",
+                )
+            if len(set(pl.gpu_indices)) != len(pl.gpu_indices):
+                raise PolicyDecisionError(name, pl.job_id,
+                                          f"lists a GPU twice: {pl.gpu_indices}")
+            for idx in pl.gpu_indices:
+                if not 0 <= idx < len(node.gpus):
+                    raise PolicyDecisionError(
+                        name, pl.job_id, f"placed on GPU {idx} of {node.name}, which has "
+                        f"{len(node.gpus)} GPU(s)"
+                    )
+                gpus.append(node.gpus[idx])
+            model = gpus[0].spec.model
+            solo = spec.solo_time_s(model)
+            if solo is None:
+                raise PolicyDecisionError(
+                    name, pl.job_id, f"has no solo time for GPU model {model} in its profile"
+                )
+            mem = job.mem_at(job.progress)
+            for gpu in gpus:
+                self._check_gpu_fits(job, gpu, pl, mem)
+        else:
+            if spec.profile is None or spec.profile.cpu_time_s is None:
+                raise PolicyDecisionError(
+                    name, pl.job_id, f"placed on CPU ({node.name}) but its profile has no "
+                    "cpu_time_s"
+                )
+            model = None
+            solo = spec.profile.cpu_time_s
+        # Apply.
+        self._advance(job)
+        self.pending.pop(pl.job_id)
+        self.pending_tuple = None
+        job.status = _RUNNING
+        job.placement = pl
+        job.node = node
+        job.gpus = gpus
+        job.model = model
+        job.solo_s = float(solo)
+        job.paused = False
+        if job.first_start is None:
+            job.first_start = self.now
+        job.last_start = self.now
+        job.explanation = explanation
+        job.waiting = ""
+        node.free_cores -= pl.cpus
+        self.dirty_nodes.add(node)
+        if job.segments and gpus:
+            self._count_live(node, +1)
+        for gpu in gpus:
+            gpu.jobs.append(job)
+            gpu.mode = pl.mode
+            if pl.mode == SharingMode.MIG:
+                gpu.mig_used += self._mig_slices(gpu, pl.mig_profile)
+            self.touched_gpus.add(gpu)
+        self.touched_jobs.add(job)
+        self.running[pl.job_id] = job
+        self.rj_dirty.add(job)
+        self.running_tuple = None
+
+    def _count_live(self, node: _Node, delta: int) -> None:
+        n = self.live_nodes.get(node, 0) + delta
+        if n > 0:
+            self.live_nodes[node] = n
+        else:
+            self.live_nodes.pop(node, None)
+            self.dirty_nodes.add(node)
+
+    def _check_gpu_fits(self, job: _Job, gpu: _Gpu, pl: Placement, mem: float) -> None:
+        name, label = self.policy_name, gpu.label()
+        if not gpu.spec.supports(pl.mode):
+            raise PolicyDecisionError(
+                name, pl.job_id, f"asks for {pl.mode} on {label}, a {gpu.spec.model} that "
+                f"supports {', '.join(m.value for m in gpu.spec.sharing_modes)}"
+            )
+        if gpu.jobs:
+            if gpu.mode == SharingMode.EXCLUSIVE or pl.mode == SharingMode.EXCLUSIVE:
+                others = ", ".join(j.spec.id for j in gpu.jobs)
+                raise PolicyDecisionError(
+                    name, pl.job_id, f"double-books {label} (exclusive; running {others})"
+                )
+            if gpu.mode != pl.mode:
+                raise PolicyDecisionError(
+                    name, pl.job_id, f"asks for {pl.mode} on {label}, which runs in {gpu.mode}"
+                )
+        if pl.mode == SharingMode.MIG:
+            profile = next((p for p in gpu.spec.mig_profiles if p.name == pl.mig_profile), None)
+            if profile is None:
+                known = ", ".join(p.name for p in gpu.spec.mig_profiles) or "none"
+                raise PolicyDecisionError(
+                    name, pl.job_id, f"MIG profile {pl.mig_profile!r} does not exist on "
+                    f"{gpu.spec.model} (known: {known})"
+                )
+            if gpu.mig_used + profile.compute_slices > gpu.spec.mig_total_slices:
+                raise PolicyDecisionError(
+                    name, pl.job_id, f"over-commits MIG slices on {label}: "
+                    f"{gpu.mig_used} + {profile.compute_slices} > {gpu.spec.mig_total_slices}"
+                )
+            if mem > profile.memory_mb + _MEM_TOL_MB:
+                raise PolicyDecisionError(
+                    name, pl.job_id, f"over-commits memory of MIG instance {profile.name} on "
+                    f"{label}: needs {mem:.0f} MB of {profile.memory_mb} MB"
+                )
+            return
+        used = sum(j.mem_at(j.progress_at(self.now)) for j in gpu.jobs)
+        if used + mem > gpu.spec.memory_mb + _MEM_TOL_MB:
+            raise PolicyDecisionError(
+                name, pl.job_id, f"over-commits memory on {label}: {used:.0f} MB in use + "
+                f"{mem:.0f} MB > {gpu.spec.memory_mb} MB"
+            )
+
+    # ------------------------------------------------------------------------------------
+    # Snapshots (cached: only what changed is rebuilt)
+
+    def _nodes_snapshot(self) -> tuple[NodeState, ...]:
+        dirty = self.dirty_nodes
+        live = self.live_nodes
+        if dirty or live or self.nodes_tuple is None:
+            for node in (*dirty, *live):
+                self.node_states[node.spec_index] = self._node_state(node)
+            self.dirty_nodes = set()
+            self.nodes_tuple = tuple(self.node_states)
+        return self.nodes_tuple
+
+    def _node_state(self, node: _Node) -> NodeState:
+        now = self.now
+        gpus = []
+        for g in node.gpus:
+            used = 0.0
+            committed = 0.0
+            for j in g.jobs:
+                used += j.mem_at(j.progress_at(now))
+                committed += j.spec.memory_need_mb()
+            gpus.append(
+                GpuState(
+                    node=node.name,
+                    index=g.index,
+                    spec=g.spec,
+                    mode=g.mode,
+                    job_ids=tuple(j.spec.id for j in g.jobs),
+                    committed_memory_mb=committed,
+                    used_memory_mb=used,
+                    util_pct=100.0 * g.util,
+                    mig_slices_used=g.mig_used,
+                )
+            )
+        return NodeState(
+            name=node.name,
+            kind=node.kind,
+            cores=node.cores,
+            free_cores=node.free_cores,
+            memory_mb=node.memory_mb,
+            gpus=tuple(gpus),
+        )
+
+    def _pending_snapshot(self) -> tuple[JobSpec, ...]:
+        if self.pending_tuple is None:
+            self.pending_tuple = tuple(j.spec for j in self.pending.values())
+        return self.pending_tuple
+
+    def _running_snapshot(self) -> tuple[RunningJob, ...]:
+        now = self.now
+        heap = self.rj_refresh
+        stale: set[_Job] = set(self.rj_dirty)
+        while heap and heap[0][0] <= now:
+            _, _, version, job = heapq.heappop(heap)
+            if job.rj_version == version and job.status == _RUNNING:
+                stale.add(job)
+        if stale or self.running_tuple is None:
+            step = self.config.snapshot_progress_step
+            for job in sorted(stale, key=lambda j: j.seq):
+                if job.status != _RUNNING:
+                    continue
+                job.rj_version += 1
+                self.rj[job.spec.id] = RunningJob(
+                    job=job.spec,
+                    placement=job.placement,  # type: ignore[arg-type]
+                    started_s=job.last_start,
+                    progress=job.progress_at(now),
+                    paused=job.paused,
+                )
+                if job.rate > 0.0:
+                    heapq.heappush(heap, (now + step / job.rate, job.seq, job.rj_version, job))
+            self.rj_dirty = set()
+            self.running_tuple = tuple(self.rj.values())
+        return self.running_tuple
+
+    # ------------------------------------------------------------------------------------
+    # Recording
+
+    def _record_timeline(self) -> None:
+        paused = self.n_paused
+        point = TimelinePoint(self.now, self.busy, len(self.pending), len(self.running) - paused,
+                              paused)
+        if self.timeline:
+            last = self.timeline[-1]
+            if (last.busy_gpus, last.queued, last.running, last.paused) == (
+                point.busy_gpus, point.queued, point.running, point.paused
+            ):
+                return
+            if last.t_s == point.t_s:
+                self.timeline[-1] = point
+                return
+        self.timeline.append(point)
+
+    def _sample_slowdown(self) -> None:
+        """Slow-Down of every running job (ALGORITHMS §5): (now - start + expected remaining
+        time at its current speed) / solo time; a paused job's remaining time at solo speed."""
+        now = self.now
+        values = []
+        for job in self.running.values():
+            if job.solo_s <= 0 or job.first_start is None:
+                continue
+            p = job.progress_at(now)
+            remaining = (1.0 - p) / job.rate if job.rate > 0 else (1.0 - p) * job.solo_s
+            values.append((now - job.first_start + remaining) / job.solo_s)
+        if not values:
+            return
+        lo, hi = min(values), max(values)
+        self.samples.append(
+            SlowdownSample(now, len(values), sum(values) / len(values), lo, hi, hi - lo)
+        )
+
+    def _finish(self, stopped_early: bool, wall_s: float) -> SimResult:
+        for job in self.jobs:
+            if job.status == _DONE:
+                continue
+            if job.status == _RUNNING:
+                self._release(job)
+                job.reason = EndReason.UNFINISHED
+            elif stopped_early or job.spec.arrival_s > self.now:
+                job.reason = EndReason.UNFINISHED
+            else:
+                job.reason = EndReason.UNSCHEDULABLE
+                if job.waiting:
+                    job.explanation = job.waiting
+            job.status = _DONE
+        self._record_timeline()
+        records = [self._record(j) for j in self.jobs]
+        return SimResult(
+            policy=self.policy_name,
+            gpu_count=self.gpu_count,
+            jobs=records,
+            timeline=self.timeline,
+            slowdown_samples=self.samples,
+            decision_latency_s=self.latencies,
+            oom_count=self.oom_count,
+            events=self.events,
+            policy_calls=self.policy_calls,
+            wall_s=wall_s,
+            ignored_actions=self.ignored_actions,
+            config=self.config,
+        )
+
+    def _record(self, job: _Job) -> JobRecord:
+        spec = job.spec
+        pl = job.placement
+        completed = job.reason == EndReason.COMPLETED
+        finish = job.finish if completed else None
+        start = job.first_start
+        run = finish - start if finish is not None and start is not None else None
+        solo = job.solo_s if pl is not None else None
+        location = ""
+        if pl is not None:
+            location = f"{pl.node}/" + (",".join(map(str, pl.gpu_indices)) or "cpu")
+        slowdown = run / solo if run is not None and solo else None
+        return JobRecord(
+            job_id=spec.id,
+            name=spec.name,
+            job_type=spec.job_type,
+            gpus=spec.gpus,
+            arrival_s=spec.arrival_s,
+            start_s=start,
+            finish_s=finish,
+            end_reason=str(job.reason),
+            location=location,
+            gpu_model=job.model if pl is not None else None,
+            mode=(str(pl.mode) if pl.gpu_indices else "cpu") if pl is not None else None,
+            solo_s=solo,
+            jct_s=finish - spec.arrival_s if finish is not None else None,
+            queue_s=start - spec.arrival_s if start is not None else None,
+            run_s=run,
+            slowdown=slowdown,
+            speedup=1.0 / slowdown if slowdown else None,
+            oom_count=job.oom_count,
+            restarts=job.restarts,
+            preemptions=job.preemptions,
+            paused_s=job.paused_total,
+            explanation=job.explanation or job.waiting,
+        )
+
+
+def simulate(
+    cluster: ClusterSpec,
+    jobs: Sequence[JobSpec],
+    policy: Policy,
+    *,
+    interference: object | None = None,
+    config: SimConfig | None = None,
+    on_job_end: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """Replay ``jobs`` on ``cluster`` under ``policy``; see ``Simulator``."""
+    return Simulator(
+        cluster, jobs, policy, interference=interference, config=config, on_job_end=on_job_end
+    ).run()

@@ -1,0 +1,177 @@
+"""Settings, errors and result records of the discrete-event simulator."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pandas is only needed by the frame helpers
+    import pandas as pd
+
+
+class SimulationError(RuntimeError):
+    """The simulation cannot go on (a bug in a policy or an inconsistent input)."""
+
+
+class PolicyDecisionError(SimulationError):
+    """A policy returned an impossible plan: double-booked GPU, memory or MIG slices
+    over-committed, a job placed twice, an unknown node... The message names the policy and
+    the job."""
+
+    def __init__(self, policy: str, job_id: str, message: str) -> None:
+        self.policy = policy
+        self.job_id = job_id
+        super().__init__(f"policy {policy!r}, job {job_id!r}: {message}")
+
+
+class OomAction(StrEnum):
+    """What happens to the job whose memory growth caused an out-of-memory on its GPU."""
+
+    FAIL = "fail"  # the job ends with reason ``failed-oom``
+    REQUEUE = "requeue"  # the job restarts from scratch: back to the queue, progress 0
+
+
+class EndReason(StrEnum):
+    COMPLETED = "completed"
+    FAILED_OOM = "failed-oom"
+    UNSCHEDULABLE = "unschedulable"  # still queued when nothing else could happen
+    UNFINISHED = "unfinished"  # running (or paused) when the run stopped (horizon, stall)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """Simulator settings (docs/simulator.md, "Execution model").
+
+    - ``seed``: seeds the ``random.Random`` handed to the policy (same seed, same result).
+    - ``context_switch_overhead``: fraction; with ``n > 1`` jobs time-sliced on a GPU each
+      runs at ``1 / (n * (1 + overhead))`` of its solo speed (times the interference part).
+    - ``oom_action``: fail or requeue the job that grew past its GPU's memory;
+      ``max_oom_restarts``: after that many OOM requeues the job fails.
+    - ``reschedule_interval_s``: also call the policy every so many seconds (None: only on
+      arrivals, completions and failures).
+    - ``mig_speed_exponent``: a MIG instance with ``s`` of ``S`` compute slices runs a job at
+      ``(s / S) ** exponent`` of its whole-GPU solo speed (1.0: linear in slices).
+    - ``requeue_keeps_progress``: a job a policy requeues (REQUEUE action) resumes where it
+      stopped (checkpointed); an OOM restart always starts over.
+    - ``snapshot_progress_step``: ``RunningJob.progress`` in snapshots is refreshed when the
+      job state changes or its progress moved by this much (live progress is sampled too).
+    - ``sample_interval_s``: period of the Slow-Down samples (None: about 400 over the run).
+    - ``max_time_s``: stop the simulation at this time (None: run until nothing can happen).
+    """
+
+    seed: int = 0
+    context_switch_overhead: float = 0.05
+    oom_action: OomAction = OomAction.REQUEUE
+    max_oom_restarts: int = 3
+    reschedule_interval_s: float | None = None
+    mig_speed_exponent: float = 1.0
+    requeue_keeps_progress: bool = True
+    snapshot_progress_step: float = 0.01
+    sample_interval_s: float | None = None
+    max_time_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """How one job went. Times in seconds since the trace origin; None where it never happened.
+
+    ``solo_s``: solo run time on the GPU model (or CPU) of its last placement. ``slowdown``:
+    (finish - first start) / solo_s (ALGORITHMS §5 at completion). ``speedup``: its inverse
+    (solo / co-run time, 0..1). ``location``: ``node/gpu,gpu`` or ``node/cpu``.
+    """
+
+    job_id: str
+    name: str
+    job_type: str | None
+    gpus: int
+    arrival_s: float
+    start_s: float | None
+    finish_s: float | None
+    end_reason: str
+    location: str
+    gpu_model: str | None
+    mode: str | None
+    solo_s: float | None
+    jct_s: float | None
+    queue_s: float | None
+    run_s: float | None
+    slowdown: float | None
+    speedup: float | None
+    oom_count: int
+    restarts: int
+    preemptions: int
+    paused_s: float
+    explanation: str
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePoint:
+    """Cluster state from ``t_s`` until the next point. ``busy_gpus``: GPUs running at least
+    one unpaused job (a MIG GPU counts the fraction of its slices in use)."""
+
+    t_s: float
+    busy_gpus: float
+    queued: int
+    running: int
+    paused: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlowdownSample:
+    """Slow-Down (ALGORITHMS §5) of the running jobs at ``t_s``: count, mean, min, max and
+    ``max_diff`` = max - min (SD_max_diff)."""
+
+    t_s: float
+    running: int
+    mean: float
+    min: float
+    max: float
+    max_diff: float
+
+
+@dataclass(slots=True)
+class SimResult:
+    """Everything one simulation produced."""
+
+    policy: str
+    gpu_count: int
+    jobs: list[JobRecord]
+    timeline: list[TimelinePoint]
+    slowdown_samples: list[SlowdownSample]
+    decision_latency_s: list[float]
+    oom_count: int
+    events: int
+    policy_calls: int
+    wall_s: float
+    ignored_actions: int = 0
+    config: SimConfig = field(default_factory=SimConfig)
+
+    def jobs_frame(self) -> pd.DataFrame:
+        """One row per job (the JobRecord fields) plus a ``policy`` column."""
+        import pandas as pd
+
+        frame = pd.DataFrame([asdict(r) for r in self.jobs], columns=_JOB_COLUMNS)
+        frame.insert(0, "policy", self.policy)
+        return frame
+
+    def timeline_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        frame = pd.DataFrame([asdict(p) for p in self.timeline], columns=_TIMELINE_COLUMNS)
+        frame.insert(0, "policy", self.policy)
+        return frame
+
+    def slowdown_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        frame = pd.DataFrame(
+            [asdict(s) for s in self.slowdown_samples], columns=_SLOWDOWN_COLUMNS
+        )
+        frame.insert(0, "policy", self.policy)
+        return frame
+
+
+_JOB_COLUMNS = list(JobRecord.__dataclass_fields__)
+_TIMELINE_COLUMNS = list(TimelinePoint.__dataclass_fields__)
+_SLOWDOWN_COLUMNS = list(SlowdownSample.__dataclass_fields__)
