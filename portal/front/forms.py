@@ -9,6 +9,7 @@ from typing import Any
 
 from django import forms
 
+from portal.core import selectors
 from portal.core.models import JOB_KINDS, ApplicationProfile
 from portal.core.states import JobState
 
@@ -97,12 +98,13 @@ class JobSubmitForm(forms.Form):
     container_image = forms.CharField(
         max_length=300, required=False, help_text="Optional, e.g. nvcr.io/nvidia/pytorch:24.05"
     )
-    kind = forms.ChoiceField(
-        choices=[("", "From profile"), *JOB_KINDS], required=False
-    )
+    kind = forms.ChoiceField(choices=[("", "From profile"), *JOB_KINDS], required=False)
     gpus = forms.IntegerField(
         label="GPUs",
-        min_value=0, max_value=64, required=False, help_text="0 = CPU only. Blank: from profile."
+        min_value=0,
+        max_value=64,
+        required=False,
+        help_text="0 = CPU only. Blank: from profile.",
     )
     gpu_memory_mb = forms.IntegerField(
         label="GPU memory (MB)",
@@ -113,7 +115,11 @@ class JobSubmitForm(forms.Form):
     cpus = forms.IntegerField(label="CPUs", min_value=1, max_value=1024, initial=1, required=False)
     memory_mb = forms.IntegerField(label="Memory (MB)", min_value=1, required=False)
     priority = forms.IntegerField(
-        initial=0, required=False, help_text="Higher runs first under priority-aware policies."
+        initial=0,
+        min_value=-1000,
+        max_value=1000,
+        required=False,
+        help_text="-1000 to 1000; higher runs first under priority-aware policies.",
     )
     elastic_min_workers = forms.IntegerField(min_value=1, required=False, label="Elastic min")
     elastic_max_workers = forms.IntegerField(min_value=1, required=False, label="Elastic max")
@@ -127,9 +133,7 @@ class JobSubmitForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["profile"].queryset = ApplicationProfile.objects.filter(
-            status=ApplicationProfile.Status.APPROVED
-        )
+        self.fields["profile"].queryset = selectors.approved_profiles()
         if not self.is_bound:
             self.initial.setdefault("submit_token", uuid.uuid4().hex)
 

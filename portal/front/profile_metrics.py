@@ -6,9 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from portal.core import adapters
 from portal.core.models import ApplicationProfile
-
-MISSING = "—"
 
 
 @dataclass(frozen=True)
@@ -103,60 +102,20 @@ def sections(profile: ApplicationProfile) -> list[Section]:
     ]
 
 
-def domain_profile(profile: ApplicationProfile) -> Any:
-    """``scheduler.domain.Profile`` for a profile row (the fields the class functions read)."""
-    from scheduler.domain import JobKind, MemoryStep, Profile, StallReasons
-
-    stall_fields = [
-        profile.stall_exec_dependency_pct,
-        profile.stall_instruction_fetch_pct,
-        profile.stall_memory_dependency_pct,
-        profile.stall_texture_pct,
-        profile.stall_synchronization_pct,
-        profile.stall_other_pct,
-    ]
-    stall = None
-    if any(v is not None for v in stall_fields):
-        stall = StallReasons(*(v or 0.0 for v in stall_fields))
-    return Profile(
-        name=str(profile),
-        kind=JobKind(profile.kind),
-        cpu_time_s=profile.cpu_time_s,
-        gpu_time_s={t.gpu_model: t.time_s for t in profile.gpu_times.all()},
-        gpu_memory_max_mb=profile.gpu_memory_max_mb,
-        gpu_memory_avg_mb=profile.gpu_memory_avg_mb,
-        memory_steps=tuple(
-            MemoryStep(s.start_fraction, s.from_mb, s.to_mb) for s in profile.memory_steps.all()
-        ),
-        sm_efficiency_pct=profile.sm_efficiency_pct,
-        mem_util_pct=profile.mem_util_pct,
-        stall=stall,
-        cm_ratio=profile.cm_ratio,
-        sensitivity=profile.sensitivity,
-        batch_size=profile.batch_size,
-        image_size=profile.image_size,
-    )
+# Labels for the keys of ``portal.core.adapters.derived_classes``.
+_CLASS_LABELS = {
+    "kernel_class": "Kernel class (§3)",
+    "cm_class": "C/M class (§4)",
+    "scale_class": "Scale (§4)",
+    "sensitivity_class": "Sensitivity (§4)",
+}
 
 
 def derived_classes(profile: ApplicationProfile) -> list[Metric]:
-    """Kernel class (§3), C/M class (§4), scale and sensitivity (§4) from ``scheduler.classes``.
-
-    Imported lazily: the page shows "—" for a class the scheduler cannot compute (missing data,
-    or the module not installed).
-    """
-    labels = ["Kernel class (§3)", "C/M class (§4)", "Scale (§4)", "Sensitivity (§4)"]
-    try:
-        from scheduler import classes
-    except ImportError:
-        return [Metric(label, None) for label in labels]
-    p = domain_profile(profile)
-    values = [
-        classes.kernel_class(p),
-        classes.cm_class(p),
-        classes.profile_scale_class(p),
-        classes.sensitivity_class(p),
-    ]
-    return [Metric(label, value) for label, value in zip(labels, values, strict=True)]
+    """Kernel class (§3), C/M class, scale and sensitivity (§4), computed by
+    ``scheduler.classes`` through the adapter; None ("—") when the data is missing."""
+    values = adapters.derived_classes(profile)
+    return [Metric(label, values.get(key)) for key, label in _CLASS_LABELS.items()]
 
 
 @dataclass(frozen=True)

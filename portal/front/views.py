@@ -12,7 +12,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import NoReverseMatch, reverse
 from django.views.decorators.http import require_POST
 
-from portal.core.models import ApplicationProfile, Job, Node
+from portal.core import selectors
 from portal.core.services import IdempotencyConflict, job_cancel, job_submit
 from portal.core.states import IllegalTransition, JobState
 from portal.front import profile_metrics
@@ -24,23 +24,7 @@ JOBS_PER_PAGE = 25
 PROFILES_PER_PAGE = 25
 
 
-# -- private read helpers (to be replaced by portal.core.selectors once it lands) ------------
-
-
-def _jobs_visible_to(user) -> QuerySet[Job]:
-    jobs = Job.objects.select_related("owner", "profile")
-    return jobs if user.is_staff else jobs.filter(owner=user)
-
-
-def _job_for_user(user, job_id: int) -> Job:
-    """The job if ``user`` may see it; anyone else's job is a 404, never a 403."""
-    return get_object_or_404(_jobs_visible_to(user), pk=job_id)
-
-
-def _profiles_visible_to(user) -> QuerySet[ApplicationProfile]:
-    """Approved profiles for everybody; drafts and retired ones for staff too."""
-    profiles = ApplicationProfile.objects.prefetch_related("gpu_times")
-    return profiles if user.is_staff else profiles.filter(status="approved")
+# -- private helpers (reads go through portal.core.selectors) --------------------------------
 
 
 def _page(request: HttpRequest, items: QuerySet, per_page: int) -> Page:
@@ -72,7 +56,7 @@ def jobs(request: HttpRequest) -> HttpResponse:
     form = JobFilterForm(request.GET)
     form.is_valid()
     state, query = form.cleaned_data.get("state"), form.cleaned_data.get("q")
-    visible = _jobs_visible_to(request.user)
+    visible = selectors.jobs_visible_to(request.user)
     if query:
         match = Q(name__icontains=query)
         if request.user.is_staff:
@@ -92,7 +76,7 @@ def jobs(request: HttpRequest) -> HttpResponse:
             "state": state,
             "query": query,
             "tabs": tabs,
-            "any_jobs": _jobs_visible_to(request.user).exists(),
+            "any_jobs": selectors.jobs_visible_to(request.user).exists(),
         },
     )
 
@@ -132,14 +116,14 @@ def job_new(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = _job_for_user(request.user, job_id)
+    job = selectors.job_for_user(request.user, job_id)
     placements = list(job.placements.select_related("node").prefetch_related("gpus"))
     return render(
         request,
         "front/job_detail.html",
         {
             "job": job,
-            "events": job.events.all(),
+            "events": selectors.job_events(job),
             "placement": next((p for p in placements if p.active), None),
             "past_placements": [p for p in placements if not p.active],
             "can_cancel": not job.is_terminal,
@@ -151,11 +135,11 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 @login_required
 @require_POST
 def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
-    job = _job_for_user(request.user, job_id)
+    job = selectors.job_for_user(request.user, job_id)
     try:
         job_cancel(job, actor=_actor(request), message="cancelled from the portal")
-    except IllegalTransition:
-        messages.error(request, f"Job #{job.pk} is already {job.state}; nothing to cancel.")
+    except IllegalTransition as exc:
+        messages.error(request, f"Job #{job.pk} is already {exc.current}; nothing to cancel.")
     else:
         messages.success(request, f"Job #{job.pk} cancelled.")
     return redirect("job_detail", job_id=job.pk)
@@ -168,11 +152,9 @@ def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
 def profiles(request: HttpRequest) -> HttpResponse:
     form = ProfileFilterForm(request.GET)
     form.is_valid()
-    listed = _profiles_visible_to(request.user)
-    if kind := form.cleaned_data.get("kind"):
-        listed = listed.filter(kind=kind)
-    if status := form.cleaned_data.get("status"):
-        listed = listed.filter(status=status)
+    listed = selectors.profiles_visible_to(
+        request.user, kind=form.cleaned_data.get("kind"), status=form.cleaned_data.get("status")
+    )
     if query := form.cleaned_data.get("q"):
         listed = listed.filter(
             Q(name__icontains=query) | Q(description__icontains=query) | Q(dataset__icontains=query)
@@ -193,7 +175,7 @@ def profiles(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def profile_detail(request: HttpRequest, profile_id: int) -> HttpResponse:
-    profile = get_object_or_404(_profiles_visible_to(request.user), pk=profile_id)
+    profile = selectors.profile_for_user(request.user, profile_id)
     return render(
         request,
         "front/profile_detail.html",
@@ -217,7 +199,7 @@ def profile_detail(request: HttpRequest, profile_id: int) -> HttpResponse:
 
 @login_required
 def cluster(request: HttpRequest) -> HttpResponse:
-    nodes = Node.objects.prefetch_related("gpus")
+    nodes = selectors.nodes_with_gpus()
     return render(
         request,
         "front/cluster.html",
