@@ -1,0 +1,288 @@
+"""Job emulator: a real process that behaves like its application profile.
+
+Demo and test jobs run this instead of real GPU code::
+
+    python -m workers.emulate --profile NAME [--profile-file PATH] [--gpu-model M] [--scale X]
+        [--duration S] [--iterations N] [--epochs E] [--fail-at FRACTION] [--exit-code N]
+        [--steps-json JSON] [--report-every S] [--tick S]
+
+**Profile** (no Django needed): the profile ``NAME`` is read from ``--profile-file PATH`` or, if
+absent, from the environment variable ``COSCHED_PROFILE_JSON``, in the JSON form of
+``workers.profiles`` (one profile, a list, or a name -> profile map). With neither source the
+profile is just the name, and ``--duration`` must be given.
+
+**Run time** (seconds of work, pauses excluded): the profile's solo time on the GPU model, times
+``--scale`` (default 1; demos use e.g. 0.05). The GPU model is ``--gpu-model``, else
+``$COSCHED_GPU_MODEL`` (set by ``workers.launcher.build_env``); a CPU placement
+(``CUDA_VISIBLE_DEVICES=""``) without a GPU model uses the profile's ``cpu_time_s``. When the
+profile has no time for that model, ``--duration S`` is used as is (not scaled); without it the
+emulator exits 2.
+
+**Behaviour**: the run is cut into ``--iterations`` (default 100) equal iterations in
+``--epochs`` (default 1) epochs. Progress is work done in *active* time: the emulator sleeps in
+ticks of ``--tick`` seconds and counts each tick's measured length, capped at two ticks, so time
+spent stopped by SIGSTOP (or a cgroup freeze) is not counted and progress does not jump after
+SIGCONT. Memory follows the profile's memory steps (``--steps-json`` replaces them: a JSON list of
+``[start_fraction, from_mb, to_mb]`` or objects); nothing is allocated, the memory is reported.
+
+**Output**: ``@cosched ...`` report lines on stdout (format and fields in
+``workers.report_lines``): ``start``; ``progress`` every ``--report-every`` seconds of work
+(default 1), at every memory-step change and at the end; ``epoch`` at each epoch end; then
+``done``, ``fail`` or ``term``. Lines are flushed as written.
+
+**Exit codes**: 0 when done; ``--exit-code`` (default 1) once progress reaches ``--fail-at``;
+143 on SIGTERM and 130 on SIGINT (after a ``term`` line); 2 on a usage or profile error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from types import FrameType
+
+from scheduler.catalog import UnknownGpuModel, canonical_model
+from scheduler.domain import Profile
+from workers.profiles import (
+    load_profile,
+    memory_at,
+    step_index_at,
+    steps_from_json,
+)
+from workers.report_lines import format_report
+
+GPU_MODEL_ENV = "COSCHED_GPU_MODEL"
+
+
+class EmulatorError(Exception):
+    """A usage or profile problem; the emulator prints it and exits 2."""
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What one emulated run does. ``run_s`` is seconds of active work."""
+
+    profile: Profile
+    gpu_model: str | None
+    solo_s: float | None
+    scale: float
+    run_s: float
+    iterations: int
+    epochs: int
+    fail_at: float | None
+    exit_code: int
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m workers.emulate",
+        description="Run for a profile-derived time, walking the profile's memory steps.",
+    )
+    parser.add_argument("--profile", required=True, help="profile name")
+    parser.add_argument("--profile-file", help="JSON profile document (else $COSCHED_PROFILE_JSON)")
+    parser.add_argument("--gpu-model", help="catalogue GPU model (else $COSCHED_GPU_MODEL)")
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies the profile time")
+    parser.add_argument("--duration", type=float, help="seconds, when the profile has no time")
+    parser.add_argument("--iterations", type=int, default=100)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--fail-at", type=float, help="fail at this fraction (0..1) of the run")
+    parser.add_argument("--exit-code", type=int, default=1, help="exit code of --fail-at")
+    parser.add_argument("--steps-json", help="memory steps replacing the profile's (JSON list)")
+    parser.add_argument("--report-every", type=float, default=1.0, help="seconds of work")
+    parser.add_argument("--tick", type=float, default=0.05, help="sleep granularity, seconds")
+    return parser
+
+
+def plan_run(args: argparse.Namespace, env: Mapping[str, str]) -> RunPlan:
+    """Resolve the profile, GPU model and run time from the arguments and environment."""
+    if args.scale <= 0 or args.iterations < 1 or args.epochs < 1 or args.tick <= 0:
+        raise EmulatorError("--scale, --iterations, --epochs and --tick must be positive")
+    if args.epochs > args.iterations:
+        raise EmulatorError("--epochs may not exceed --iterations")
+    if args.fail_at is not None and not 0.0 <= args.fail_at <= 1.0:
+        raise EmulatorError("--fail-at is a fraction in 0..1")
+    try:
+        profile = load_profile(args.profile, path=args.profile_file, env=env)
+        if profile is None:
+            profile = Profile(name=args.profile)
+        if args.steps_json:
+            profile = replace(profile, memory_steps=steps_from_json(json.loads(args.steps_json)))
+    except (OSError, ValueError) as exc:  # ProfileFormatError and JSON errors are ValueErrors
+        raise EmulatorError(str(exc)) from exc
+
+    raw_model = args.gpu_model or env.get(GPU_MODEL_ENV) or None
+    gpu_model: str | None = None
+    if raw_model:
+        try:
+            gpu_model = canonical_model(raw_model)
+        except UnknownGpuModel:
+            gpu_model = raw_model  # a model the catalogue lacks may still be in the profile
+    if gpu_model is None and env.get("CUDA_VISIBLE_DEVICES") == "":
+        solo = profile.cpu_time_s
+    elif gpu_model is not None:
+        solo = profile.gpu_time_s.get(gpu_model)
+    else:
+        solo = None
+
+    if solo is not None:
+        run_s = solo * args.scale
+    elif args.duration is not None:
+        run_s = args.duration
+    else:
+        where = f"GPU model {gpu_model}" if gpu_model else "this placement (no GPU model given)"
+        raise EmulatorError(
+            f"profile {profile.name!r} has no solo time for {where}; pass --duration SECONDS"
+        )
+    if run_s <= 0:
+        raise EmulatorError(f"run time must be positive, got {run_s}")
+    return RunPlan(
+        profile=profile,
+        gpu_model=gpu_model,
+        solo_s=solo,
+        scale=args.scale,
+        run_s=run_s,
+        iterations=args.iterations,
+        epochs=args.epochs,
+        fail_at=args.fail_at,
+        exit_code=args.exit_code,
+    )
+
+
+class _Signals:
+    """Remembers the first SIGTERM/SIGINT so the main loop can stop between ticks."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is None:
+            self.received = signum
+
+
+def _emit(event: str, **fields: object) -> None:
+    print(format_report(event, **fields), flush=True)
+
+
+def run(plan: RunPlan, *, report_every: float, tick: float) -> int:
+    """Emulate the run; returns the exit code. Prints report lines on stdout."""
+    stop = _Signals()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+
+    profile = plan.profile
+    iters = plan.iterations
+    iter_s = plan.run_s / iters
+    epoch_iters = [round(iters * (e + 1) / plan.epochs) for e in range(plan.epochs)]
+    _emit(
+        "start",
+        profile=profile.name.replace(" ", "_"),
+        gpu_model=plan.gpu_model or "none",
+        solo_s=plan.solo_s if plan.solo_s is not None else "none",
+        scale=plan.scale,
+        run_s=plan.run_s,
+        iters=iters,
+        epochs=plan.epochs,
+        steps=len(profile.memory_steps),
+        pid=os.getpid(),
+    )
+
+    wall_start = time.monotonic()
+    last = wall_start
+    active = 0.0
+    last_report = (0.0, 0)  # (active seconds, iterations) at the previous progress line
+    epoch = 0
+    epoch_start = (0.0, 0)
+    step = step_index_at(profile, 0.0)
+
+    def progress_line(fraction: float, done: int) -> None:
+        nonlocal last_report
+        d_active, d_iter = active - last_report[0], done - last_report[1]
+        _emit(
+            "progress",
+            fraction=round(fraction, 4),
+            iter=done,
+            iters=iters,
+            iter_time_s=round(d_active / d_iter if d_iter else iter_s, 6),
+            step=step_index_at(profile, fraction),
+            mem_mb=round(memory_at(profile, fraction), 1),
+            active_s=round(active, 3),
+            elapsed_s=round(time.monotonic() - wall_start, 3),
+        )
+        last_report = (active, done)
+
+    progress_line(0.0, 0)
+    while True:
+        if stop.received is not None:
+            fraction = min(1.0, active / plan.run_s)
+            name = signal.Signals(stop.received).name
+            code = 128 + stop.received
+            _emit("term", fraction=round(fraction, 4), signal=name, exit_code=code)
+            return code
+
+        fraction = min(1.0, active / plan.run_s)
+        done = min(iters, int(active / iter_s + 1e-9))
+
+        while epoch < plan.epochs and done >= epoch_iters[epoch]:
+            n = epoch_iters[epoch] - epoch_start[1]
+            _emit(
+                "epoch",
+                epoch=epoch + 1,
+                epochs=plan.epochs,
+                iter=epoch_iters[epoch],
+                iters=iters,
+                iter_time_s=round((active - epoch_start[0]) / n if n else iter_s, 6),
+                elapsed_s=round(time.monotonic() - wall_start, 3),
+            )
+            epoch_start = (active, epoch_iters[epoch])
+            epoch += 1
+
+        if plan.fail_at is not None and fraction >= plan.fail_at:
+            progress_line(fraction, done)
+            _emit("fail", fraction=round(fraction, 4), exit_code=plan.exit_code)
+            print(
+                f"emulated failure of {profile.name} at {fraction:.0%} "
+                f"(exit code {plan.exit_code})",
+                file=sys.stderr,
+                flush=True,
+            )
+            return plan.exit_code
+
+        new_step = step_index_at(profile, fraction)
+        if fraction >= 1.0:
+            progress_line(1.0, iters)
+            _emit(
+                "done",
+                iters=iters,
+                active_s=round(active, 3),
+                elapsed_s=round(time.monotonic() - wall_start, 3),
+            )
+            return 0
+        if new_step != step or active - last_report[0] >= report_every:
+            step = new_step
+            progress_line(fraction, done)
+
+        time.sleep(min(tick, plan.run_s - active))
+        now = time.monotonic()
+        # A tick longer than two ticks means we were stopped (SIGSTOP, freezer): not work.
+        active += min(now - last, 2 * tick)
+        last = now
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Command-line entry point; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        plan = plan_run(args, os.environ if env is None else env)
+    except EmulatorError as exc:
+        print(f"workers.emulate: {exc}", file=sys.stderr)
+        return 2
+    return run(plan, report_every=args.report_every, tick=args.tick)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
