@@ -682,8 +682,8 @@ _NCU_RAW = {
     "launch__shared_mem_per_block_dynamic": "smem_dynamic",
 }
 _NCU_STALL_RE = re.compile(
-    r"^smsp__(?:average_)?(?:pcsamp_)?warps?_issue_stalled_([a-z_]+?)"
-    r"(?:_per_warp_active\.pct|_per_issue_active\.ratio|\.ratio|\.pct|)$"
+    r"^smsp__(?:average_|pcsamp_)?(?:warps?_)?(?:latency_)?issue_stalled_([a-z_]+?)"
+    r"(?:_per_warp_active\.pct|_per_issue_active\.ratio|\.ratio|\.pct|\.sum)?$"
 )
 
 
