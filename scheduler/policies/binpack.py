@@ -41,7 +41,7 @@ class BinpackPolicy(FrameworkPolicy):
             return -(cand.node.free_cores - job.cpus)
         gpu = cand.gpus[0]
         if len(cand.gpus) > 1:
-            return -(cand.node.idle_by_spec.get(gpu.spec, 0) - len(cand.gpus))
+            return -(cand.node.idle_count(gpu) - len(cand.gpus))
         if cand.mig_profile is not None:
             return -(cand.mig_profile.memory_mb - job.memory_need_mb())
         return -(gpu.free_mb - job.memory_need_mb())

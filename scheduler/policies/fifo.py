@@ -34,7 +34,7 @@ class FifoPolicy(FrameworkPolicy):
         if len(chosen.gpus) > 1:
             why = (
                 f"first node in order with {len(chosen.gpus)} idle {gpu.spec.model} "
-                f"({chosen.node.idle_by_spec.get(gpu.spec, 0)} idle there)"
+                f"({chosen.node.idle_count(gpu)} idle there)"
             )
         else:
             idle = chosen.pool_size

@@ -125,12 +125,16 @@ class WorkGpu:
         "mig_used",
         "order",
         "pool_key",
+        "sid",
     )
 
-    def __init__(self, gpu: GpuState, node: WorkNode, order: int, jobs: list[JobSpec]) -> None:
+    def __init__(
+        self, gpu: GpuState, node: WorkNode, order: int, jobs: list[JobSpec], sid: int
+    ) -> None:
         self.node = node
         self.index = gpu.index
         self.spec = gpu.spec
+        self.sid = sid  # the view's small integer id of ``spec`` (cheap to hash)
         self.mode = gpu.mode
         self.jobs = jobs
         self.committed_mb = gpu.committed_memory_mb
@@ -157,7 +161,7 @@ class WorkGpu:
 class WorkNode:
     """A node's mutable state during one cycle."""
 
-    __slots__ = ("name", "kind", "cores", "free_cores", "up", "gpus", "order", "idle_by_spec")
+    __slots__ = ("name", "kind", "cores", "free_cores", "up", "gpus", "order", "idle_by_sid")
 
     def __init__(self, node: NodeState, order: int) -> None:
         self.name = node.name
@@ -167,10 +171,14 @@ class WorkNode:
         self.up = node.up
         self.gpus: list[WorkGpu] = []
         self.order = order
-        self.idle_by_spec: dict[GpuSpec, int] = {}
+        self.idle_by_sid: dict[int, int] = {}  # spec id -> idle GPUs of it on this node
 
     def has_cores(self, cpus: int) -> bool:
         return self.cores <= 0 or self.free_cores >= cpus
+
+    def idle_count(self, gpu: WorkGpu) -> int:
+        """Idle GPUs on this node of the same spec as ``gpu``."""
+        return self.idle_by_sid.get(gpu.sid, 0)
 
 
 class Candidate:
@@ -233,18 +241,27 @@ def _mode_text(mode: SharingMode, mig_profile: MigProfile | None) -> str:
 
 
 class WorkingView:
-    """Per-cycle mutable view of a snapshot with the indexes the framework needs."""
+    """Per-cycle mutable view of a snapshot with the indexes the framework needs.
 
-    def __init__(self, state: ClusterState) -> None:
+    Only GPUs that can take a job get a ``WorkGpu`` (idle ones, and with ``colocate`` the
+    shared ones): a GPU owned exclusively, or on a node that is down, is counted and skipped,
+    so ``WorkNode.gpus`` lists the usable GPUs only.
+    """
+
+    def __init__(self, state: ClusterState, *, colocate: bool = True) -> None:
         running = {r.job.id: r.job for r in state.running}
         self.nodes: list[WorkNode] = []
         self.cpu_nodes: list[WorkNode] = []
         self.gpu_count = 0
+        # Distinct GPU specs, indexed by a small integer id (specs are slow to hash).
+        self.specs: list[GpuSpec] = []
+        sid_by_obj: dict[int, int] = {}
+        sid_by_spec: dict[GpuSpec, int] = {}
         # Pools of equivalent GPUs; every list sorted by ``WorkGpu.order``.
-        self.idle_pools: dict[GpuSpec, list[WorkGpu]] = {}
+        self.idle_pools: dict[int, list[WorkGpu]] = {}
         self.shared_pools: dict[tuple[Any, ...], list[WorkGpu]] = {}
-        # Per spec: idle count -> node orders with that many idle GPUs of the spec (sorted).
-        self.idle_buckets: dict[GpuSpec, dict[int, list[int]]] = {}
+        # Per spec id: idle count -> node orders with that many idle GPUs (sorted).
+        self.idle_buckets: dict[int, dict[int, list[int]]] = {}
         self.failures: dict[tuple[Any, ...], str] = {}
         order = 0
         for n_order, node_state in enumerate(state.nodes):
@@ -254,32 +271,59 @@ class WorkingView:
                 if node.kind == NodeKind.CPU:
                     self.cpu_nodes.append(node)
                 continue
+            self.gpu_count += len(node_state.gpus)
+            if not node.up:
+                continue
             for gpu_state in node_state.gpus:
-                jobs = [running[j] for j in gpu_state.job_ids if j in running]
-                missing = len(gpu_state.job_ids) - len(jobs)
-                if missing:
-                    # A job id without its RunningJob: keep the GPU occupied all the same.
-                    jobs += [JobSpec(id=j) for j in gpu_state.job_ids if j not in running]
-                gpu = WorkGpu(gpu_state, node, order, jobs)
+                busy = bool(gpu_state.job_ids) or gpu_state.mig_slices_used > 0
+                if busy and (
+                    not colocate
+                    or gpu_state.mode is None
+                    or gpu_state.mode == SharingMode.EXCLUSIVE
+                ):
+                    continue  # cannot take a job this cycle
+                spec = gpu_state.spec
+                sid = sid_by_obj.get(id(spec))
+                if sid is None:
+                    sid = sid_by_spec.setdefault(spec, len(sid_by_spec))
+                    sid_by_obj[id(spec)] = sid
+                    if sid == len(self.specs):
+                        self.specs.append(spec)
+                if gpu_state.job_ids:
+                    jobs = [running.get(j) or JobSpec(id=j) for j in gpu_state.job_ids]
+                else:
+                    jobs = []
+                gpu = WorkGpu(gpu_state, node, order, jobs, sid)
                 order += 1
                 node.gpus.append(gpu)
-                self.gpu_count += 1
-                if node.up:
+                if not busy and gpu.committed_mb <= 0:
+                    # Fast path for the common case: nodes come in order, so append.
+                    gpu.pool_key = ("idle", sid)
+                    pool = self.idle_pools.get(sid)
+                    if pool is None:
+                        pool = self.idle_pools[sid] = []
+                    pool.append(gpu)
+                    node.idle_by_sid[sid] = node.idle_by_sid.get(sid, 0) + 1
+                else:
                     self._add_to_pool(gpu)
-            if node.up:
-                for spec, count in node.idle_by_spec.items():
-                    self.idle_buckets.setdefault(spec, {}).setdefault(count, []).append(n_order)
+            if node.gpus:
+                for sid, count in node.idle_by_sid.items():
+                    self.idle_buckets.setdefault(sid, {}).setdefault(count, []).append(n_order)
+
+    def spec_pools(self) -> list[tuple[GpuSpec, list[WorkGpu]]]:
+        """(spec, idle GPUs of it) for every spec with an idle pool."""
+        return [(self.specs[sid], pool) for sid, pool in self.idle_pools.items()]
 
     # -- pools -------------------------------------------------------------------------------
 
     @staticmethod
     def _shared_key(gpu: WorkGpu) -> tuple[Any, ...] | None:
         if gpu.idle:
-            return ("idle", gpu.spec)
+            return ("idle", gpu.sid)
         if gpu.mode is None or gpu.mode == SharingMode.EXCLUSIVE:
             return None  # owned: takes no more jobs
         residents = tuple(sorted(job_type_key(j) for j in gpu.jobs))
-        return (gpu.spec, gpu.mode, residents, gpu.committed_mb, gpu.mig_used)
+        return (gpu.sid, gpu.mode, residents, gpu.committed_mb, gpu.mig_used)
 
     def _add_to_pool(self, gpu: WorkGpu) -> None:
         key = self._shared_key(gpu)
@@ -287,8 +331,8 @@ class WorkingView:
         if key is None:
             return
         if key[0] == "idle":
-            pool = self.idle_pools.setdefault(gpu.spec, [])
-            gpu.node.idle_by_spec[gpu.spec] = gpu.node.idle_by_spec.get(gpu.spec, 0) + 1
+            pool = self.idle_pools.setdefault(gpu.sid, [])
+            gpu.node.idle_by_sid[gpu.sid] = gpu.node.idle_by_sid.get(gpu.sid, 0) + 1
         else:
             pool = self.shared_pools.setdefault(key, [])
         if pool and pool[-1].order > gpu.order:
@@ -301,11 +345,11 @@ class WorkingView:
         if key is None:
             return
         if key[0] == "idle":
-            pool = self.idle_pools[gpu.spec]
+            pool = self.idle_pools[gpu.sid]
             node = gpu.node
-            old = node.idle_by_spec[gpu.spec]
-            node.idle_by_spec[gpu.spec] = old - 1
-            buckets = self.idle_buckets[gpu.spec]
+            old = node.idle_by_sid[gpu.sid]
+            node.idle_by_sid[gpu.sid] = old - 1
+            buckets = self.idle_buckets[gpu.sid]
             lst = buckets[old]
             del lst[bisect.bisect_left(lst, node.order)]
             if old - 1 > 0:
@@ -351,10 +395,10 @@ class WorkingView:
                 return gpu
         return None
 
-    def first_node_with_idle(self, spec: GpuSpec, count: int, cpus: int) -> WorkNode | None:
-        """The first node (in order) with exactly ``count`` idle GPUs of ``spec`` and ``cpus``
-        free cores."""
-        for n_order in self.idle_buckets.get(spec, {}).get(count, ()):
+    def first_node_with_idle(self, sid: int, count: int, cpus: int) -> WorkNode | None:
+        """The first node (in order) with exactly ``count`` idle GPUs of spec id ``sid`` and
+        ``cpus`` free cores."""
+        for n_order in self.idle_buckets.get(sid, {}).get(count, ()):
             node = self.nodes[n_order]
             if node.has_cores(cpus):
                 return node
@@ -399,7 +443,7 @@ class FrameworkPolicy(Policy):
     # -- the cycle -----------------------------------------------------------------------------
 
     def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
-        view = WorkingView(state)
+        view = WorkingView(state, colocate=self.colocate)
         self.begin_cycle(state, view)
         decisions: list[Decision] = []
         waiting: dict[str, str] = {}
@@ -594,22 +638,24 @@ class FrameworkPolicy(Policy):
     def _multi_gpu_candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
         k, need, allowed = job.gpus, job.memory_need_mb(), self.allowed_models(job)
         out: list[Candidate] = []
-        for spec in view.idle_buckets:
+        for sid, buckets in view.idle_buckets.items():
+            spec = view.specs[sid]
             if spec.memory_mb < need or (allowed is not None and spec.model not in allowed):
                 continue
-            counts = sorted(c for c, nodes in view.idle_buckets[spec].items() if c >= k and nodes)
+            counts = sorted(c for c, nodes in buckets.items() if c >= k and nodes)
             for count in counts:
                 # One candidate per (spec, idle count): the first node in order with the cores.
-                node = view.first_node_with_idle(spec, count, job.cpus)
+                node = view.first_node_with_idle(sid, count, job.cpus)
                 if node is not None:
-                    gpus = tuple(g for g in node.gpus if g.idle and g.spec == spec)[:k]
+                    gpus = tuple(g for g in node.gpus if g.idle and g.sid == sid)[:k]
                     out.append(Candidate(node, gpus, SharingMode.EXCLUSIVE))
         return out
 
     def _single_gpu_candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
         need, cpus, allowed = job.memory_need_mb(), job.cpus, self.allowed_models(job)
         out: list[Candidate] = []
-        for spec, pool in view.idle_pools.items():
+        for sid, pool in view.idle_pools.items():
+            spec = view.specs[sid]
             if not pool or spec.memory_mb < need:
                 continue
             if allowed is not None and spec.model not in allowed:
@@ -627,7 +673,8 @@ class FrameworkPolicy(Policy):
             return out
         limit = int(self.params.get("max_jobs_per_gpu", 2))
         for key, pool in view.shared_pools.items():
-            spec, mode, residents, committed, _mig_used = key
+            sid, mode, residents, committed, _mig_used = key
+            spec = view.specs[sid]
             if allowed is not None and spec.model not in allowed:
                 continue
             mig = None
@@ -660,19 +707,18 @@ class FrameworkPolicy(Policy):
             return "no GPU in the cluster"
         if job.gpus > 1:
             best = 0
-            for spec, buckets in view.idle_buckets.items():
+            for sid, buckets in view.idle_buckets.items():
+                spec = view.specs[sid]
                 if spec.memory_mb >= need and (allowed is None or spec.model in allowed):
                     best = max([best, *(c for c, nodes in buckets.items() if nodes)])
             return (
                 f"needs {job.gpus} idle GPUs with {gb(need)} GB on one node{only}: "
                 f"at most {best} fit on any node now"
             )
-        idle = sum(
-            len(p) for s, p in view.idle_pools.items() if allowed is None or s.model in allowed
-        )
+        idle = sum(len(p) for s, p in view.spec_pools() if allowed is None or s.model in allowed)
         fitting_idle = sum(
             len(p)
-            for s, p in view.idle_pools.items()
+            for s, p in view.spec_pools()
             if s.memory_mb >= need and (allowed is None or s.model in allowed)
         )
         if fitting_idle:
@@ -686,11 +732,11 @@ class FrameworkPolicy(Policy):
         if self.colocate:
             most = max(
                 (
-                    key[0].memory_mb - key[3]
+                    view.specs[key[0]].memory_mb - key[3]
                     for key in view.shared_pools
                     if key[1] in _SHARED_MODES
                     and len(key[2]) < int(self.params.get("max_jobs_per_gpu", 2))
-                    and (allowed is None or key[0].model in allowed)
+                    and (allowed is None or view.specs[key[0]].model in allowed)
                 ),
                 default=None,
             )

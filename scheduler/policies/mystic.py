@@ -83,6 +83,7 @@ class MysticPolicy(FrameworkPolicy):
             raise PolicyError(f"policy 'mystic': unknown_similarity must be in 0..1, got {u}")
         self._vectors: dict[str, tuple[float, ...] | None] = {}
         self._scale: tuple[float, ...] = ()
+        self._similarity: dict[tuple[str, str], float] = {}
 
     def begin_cycle(self, state: ClusterState, view: WorkingView) -> None:
         """Normalise the metric vectors of this snapshot's jobs by each metric's maximum."""
@@ -94,6 +95,7 @@ class MysticPolicy(FrameworkPolicy):
         known = [v for v in raws.values() if v is not None]
         scale = tuple(max((v[i] for v in known), default=0.0) or 1.0 for i in range(len(METRICS)))
         self._scale = scale
+        self._similarity = {}
         self._vectors = {
             k: None if v is None else tuple(x / s for x, s in zip(v, scale, strict=True))
             for k, v in raws.items()
@@ -111,10 +113,17 @@ class MysticPolicy(FrameworkPolicy):
         return self._vectors[key]
 
     def similarity(self, a: JobSpec, b: JobSpec) -> float:
-        """Cosine similarity (0..1) of two jobs' normalised vectors, or ``unknown_similarity``."""
+        """Cosine similarity (0..1) of two jobs' normalised vectors, or ``unknown_similarity``
+        (memoised per pair of job types within a cycle)."""
+        key = (job_type_key(a), job_type_key(b))
+        cached = self._similarity.get(key)
+        if cached is not None:
+            return cached
         va, vb = self.vector(a), self.vector(b)
         sim = None if va is None or vb is None else cosine(va, vb)
-        return float(self.params["unknown_similarity"]) if sim is None else sim
+        value = float(self.params["unknown_similarity"]) if sim is None else sim
+        self._similarity[key] = value
+        return value
 
     def score_dissimilarity(self, job: JobSpec, cand: Candidate, view: WorkingView) -> float:
         """1 - the highest similarity to a resident (1 for an idle GPU or a CPU node)."""
