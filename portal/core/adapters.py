@@ -8,6 +8,7 @@ strings (``"42"``), as in traces. Child rows (GPU times, memory steps, GPUs) are
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from portal.core.models import ApplicationProfile, Gpu, Job, Node
@@ -197,7 +198,7 @@ def derived_classes(profile: ApplicationProfile) -> dict[str, str | None]:
         "sensitivity_class": None,
     }
     try:
-        from scheduler import classes
+        classes = importlib.import_module("scheduler.classes")
     except ImportError:
         return result
     domain = profile_to_domain(profile)

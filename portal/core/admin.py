@@ -1,0 +1,390 @@
+"""Django admin: the curation tool for profiles (edit, approve, retire, import), and read-mostly
+views of jobs, the cluster, metrics and the policy settings. Writes go through services."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+
+from portal.core import services
+from portal.core.adapters import derived_classes
+from portal.core.importers import FORMATS, ProfileImportError
+from portal.core.models import (
+    JOB_KINDS,
+    ApplicationProfile,
+    Gpu,
+    Job,
+    JobEvent,
+    MetricSample,
+    Node,
+    Placement,
+    PolicySettings,
+    ProfileGpuTime,
+    ProfileMemoryStep,
+)
+from portal.core.states import IllegalTransition
+
+DASH = "—"
+
+
+class ProfileGpuTimeInline(admin.TabularInline):
+    model = ProfileGpuTime
+    extra = 0
+    fields = ["gpu_model", "time_s"]
+
+
+class ProfileMemoryStepInline(admin.TabularInline):
+    model = ProfileMemoryStep
+    extra = 0
+    fields = ["index", "start_fraction", "from_mb", "to_mb"]
+
+
+class ProfileImportForm(forms.Form):
+    file = forms.FileField(help_text="CSV or JSON (our schema), nvprof or Nsight Compute CSV")
+    format = forms.ChoiceField(
+        choices=[("", "detect from the file"), *((f, f) for f in FORMATS)], required=False
+    )
+    status = forms.ChoiceField(
+        choices=ApplicationProfile.Status.choices, initial=ApplicationProfile.Status.DRAFT
+    )
+    update_existing = forms.BooleanField(
+        required=False, help_text="overwrite profiles whose name and version already exist"
+    )
+    name = forms.CharField(required=False, help_text="profile name (nvprof / Nsight Compute)")
+    version = forms.CharField(required=False)
+    kind = forms.ChoiceField(choices=[("", "—"), *JOB_KINDS], required=False)
+
+
+def _classes(obj: ApplicationProfile) -> dict[str, str | None]:
+    cached = getattr(obj, "_derived_classes", None)
+    if cached is None:
+        try:
+            cached = derived_classes(obj)
+        except Exception:  # the admin page must render even if a class function breaks
+            cached = {}
+        obj._derived_classes = cached
+    return cached
+
+
+@admin.register(ApplicationProfile)
+class ApplicationProfileAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "version",
+        "kind",
+        "status",
+        "source",
+        "cpu_time_s",
+        "gpu_memory_max_mb",
+        "kernel_class",
+        "cm_class",
+        "scale_class",
+        "updated_at",
+    ]
+    list_filter = ["status", "kind", "source"]
+    search_fields = ["name", "description", "dataset"]
+    inlines = [ProfileGpuTimeInline, ProfileMemoryStepInline]
+    actions = ["approve", "retire"]
+    readonly_fields = [
+        "kernel_class",
+        "cm_class",
+        "scale_class",
+        "sensitivity_class",
+        "approved_by",
+        "approved_at",
+        "created_by",
+        "created_at",
+        "updated_at",
+    ]
+    fieldsets = [
+        (None, {"fields": ["name", "version", "kind", "status", "source", "description"]}),
+        (
+            "Derived classes (computed by scheduler.classes, not stored)",
+            {"fields": ["kernel_class", "cm_class", "scale_class", "sensitivity_class"]},
+        ),
+        ("Input parameters", {"fields": ["batch_size", "image_size", "dataset", "args"]}),
+        (
+            "Run time and memory (§1)",
+            {"fields": ["cpu_time_s", "gpu_memory_max_mb", "gpu_memory_avg_mb"]},
+        ),
+        (
+            "Utilisation (§2)",
+            {
+                "fields": [
+                    "gpu_util_pct",
+                    "sm_efficiency_pct",
+                    "warp_efficiency_pct",
+                    "ipc",
+                    "occupancy_pct",
+                    "mem_util_pct",
+                    "h2d_gbps",
+                    "d2h_gbps",
+                    "gld_gbps",
+                    "gst_gbps",
+                    "dram_bw_gbps",
+                    "gflops",
+                ]
+            },
+        ),
+        (
+            "Kernels and stall reasons (§3)",
+            {
+                "fields": [
+                    "stall_exec_dependency_pct",
+                    "stall_instruction_fetch_pct",
+                    "stall_memory_dependency_pct",
+                    "stall_texture_pct",
+                    "stall_synchronization_pct",
+                    "stall_other_pct",
+                    "epc",
+                    "registers_per_block",
+                    "smem_per_block_bytes",
+                    "l1_transactions",
+                    "saturation_tbs_per_sm",
+                ]
+            },
+        ),
+        ("Job descriptors (§4)", {"fields": ["cm_ratio", "sensitivity"]}),
+        (
+            "History",
+            {
+                "fields": ["created_by", "created_at", "approved_by", "approved_at", "updated_at"],
+                "classes": ["collapse"],
+            },
+        ),
+    ]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[ApplicationProfile]:
+        return super().get_queryset(request).prefetch_related("gpu_times", "memory_steps")
+
+    @admin.display(description="kernel class")
+    def kernel_class(self, obj: ApplicationProfile) -> str:
+        return _classes(obj).get("kernel_class") or DASH
+
+    @admin.display(description="C/M class")
+    def cm_class(self, obj: ApplicationProfile) -> str:
+        return _classes(obj).get("cm_class") or DASH
+
+    @admin.display(description="scale class")
+    def scale_class(self, obj: ApplicationProfile) -> str:
+        return _classes(obj).get("scale_class") or DASH
+
+    @admin.display(description="sensitivity class")
+    def sensitivity_class(self, obj: ApplicationProfile) -> str:
+        return _classes(obj).get("sensitivity_class") or DASH
+
+    def save_model(
+        self, request: HttpRequest, obj: ApplicationProfile, form: Any, change: bool
+    ) -> None:
+        if not change and obj.created_by is None:
+            obj.created_by = request.user
+        status_changed = "status" in form.changed_data
+        super().save_model(request, obj, form, change)
+        if status_changed and obj.status == ApplicationProfile.Status.APPROVED:
+            services.profile_approve(obj, actor=request.user)
+
+    @admin.action(description="Approve selected profiles")
+    def approve(self, request: HttpRequest, queryset: QuerySet[ApplicationProfile]) -> None:
+        for profile in queryset:
+            services.profile_approve(profile, actor=request.user)
+        self.message_user(request, f"Approved {queryset.count()} profile(s).", messages.SUCCESS)
+
+    @admin.action(description="Retire selected profiles")
+    def retire(self, request: HttpRequest, queryset: QuerySet[ApplicationProfile]) -> None:
+        for profile in queryset:
+            services.profile_retire(profile, actor=request.user)
+        self.message_user(request, f"Retired {queryset.count()} profile(s).", messages.SUCCESS)
+
+    def get_urls(self) -> list[Any]:
+        custom = [
+            path(
+                "import/",
+                self.admin_site.admin_view(self.import_view),
+                name="core_applicationprofile_import",
+            )
+        ]
+        return custom + super().get_urls()
+
+    def import_view(self, request: HttpRequest) -> HttpResponse:
+        """Upload a profile file; all or nothing, with every row error listed."""
+        if not self.has_add_permission(request):
+            return HttpResponseRedirect(reverse("admin:index"))
+        errors = []
+        if request.method == "POST":
+            form = ProfileImportForm(request.POST, request.FILES)
+            if form.is_valid():
+                data = form.cleaned_data
+                upload = data["file"]
+                options = {k: data[k] for k in ("name", "version", "kind") if data.get(k)}
+                try:
+                    result = services.profile_import(
+                        upload.read(),
+                        actor=request.user,
+                        fmt=data["format"] or None,
+                        filename=upload.name,
+                        status=data["status"],
+                        update_existing=data["update_existing"],
+                        options=options,
+                    )
+                except ProfileImportError as exc:
+                    errors = exc.errors
+                    self.message_user(
+                        request,
+                        f"Nothing imported: {len(errors)} error(s) in {upload.name}.",
+                        messages.ERROR,
+                    )
+                else:
+                    self.message_user(
+                        request,
+                        f"Imported {upload.name}: {len(result.created)} created, "
+                        f"{len(result.updated)} updated ({data['status']}).",
+                        messages.SUCCESS,
+                    )
+                    return HttpResponseRedirect(reverse("admin:core_applicationprofile_changelist"))
+        else:
+            form = ProfileImportForm()
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": "Import profiles",
+            "form": form,
+            "errors": errors,
+        }
+        return TemplateResponse(request, "admin/core/applicationprofile/import.html", context)
+
+
+class JobEventInline(admin.TabularInline):
+    model = JobEvent
+    extra = 0
+    can_delete = False
+    fields = ["at", "from_state", "to_state", "actor", "message"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class PlacementInline(admin.TabularInline):
+    model = Placement
+    extra = 0
+    can_delete = False
+    fields = [
+        "node",
+        "sharing_mode",
+        "mps_percentage",
+        "mig_profile",
+        "policy",
+        "explanation",
+        "active",
+        "created_at",
+        "released_at",
+    ]
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    """Read-mostly: jobs change state only through the state machine (action: cancel)."""
+
+    list_display = ["id", "name", "owner", "state", "kind", "gpus", "priority", "submitted_at"]
+    list_filter = ["state", "kind"]
+    search_fields = ["name", "owner__username", "command"]
+    date_hierarchy = "submitted_at"
+    list_select_related = ["owner"]
+    inlines = [PlacementInline, JobEventInline]
+    actions = ["cancel"]
+    editable_fields = ["priority"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in Job._meta.concrete_fields if f.name not in self.editable_fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description="Cancel selected jobs")
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        done, skipped = 0, 0
+        for job in queryset:
+            try:
+                services.job_cancel(job, actor=f"admin:{request.user.get_username()}")
+                done += 1
+            except IllegalTransition:
+                skipped += 1
+        self.message_user(
+            request, f"Cancelled {done} job(s); {skipped} had already finished.", messages.INFO
+        )
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+    fields = [
+        "index",
+        "model",
+        "architecture",
+        "memory_mb",
+        "sm_count",
+        "sharing_modes",
+        "mig_profiles",
+        "current_mode",
+        "uuid",
+    ]
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "kind",
+        "backend",
+        "cores",
+        "memory_mb",
+        "status",
+        "last_heartbeat",
+        "gpu_count",
+    ]
+    list_filter = ["kind", "status", "backend"]
+    search_fields = ["name"]
+    inlines = [GpuInline]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
+        return super().get_queryset(request).prefetch_related("gpus")
+
+    @admin.display(description="GPUs")
+    def gpu_count(self, obj: Node) -> int:
+        return len(obj.gpus.all())
+
+
+@admin.register(PolicySettings)
+class PolicySettingsAdmin(admin.ModelAdmin):
+    list_display = ["name", "policy", "active", "updated_at"]
+    list_filter = ["active"]
+
+
+@admin.register(MetricSample)
+class MetricSampleAdmin(admin.ModelAdmin):
+    """Read-only: samples come from the node agents."""
+
+    list_display = ["at", "metric", "value", "node", "gpu", "job"]
+    list_filter = ["metric"]
+    date_hierarchy = "at"
+    list_select_related = ["node", "gpu__node", "job"]
+    raw_id_fields = ["node", "gpu", "job"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
