@@ -744,6 +744,16 @@ class FrameworkPolicy(Policy):
                 text += "; no shared GPU below its job limit"
             else:
                 text += f"; most free on a shared GPU below its job limit: {gb(most)} GB"
+            mig_free = [
+                view.specs[key[0]].mig_total_slices - key[4]
+                for key in view.shared_pools
+                if key[1] == SharingMode.MIG
+            ]
+            if mig_free:
+                text += (
+                    f"; no MIG instance of {gb(need)} GB fits "
+                    f"(at most {max(mig_free)} free compute slices on a MIG GPU)"
+                )
         return text
 
 
