@@ -2,9 +2,9 @@
 
 Every feasible GPU is equally likely: idle ones (then shared under their best mode, MPS if
 supported, else time-slicing) and shared ones below ``max_jobs_per_gpu`` with the memory free.
-Multi-GPU jobs pick among node groups (per GPU model and idle count, the first node of each)
-with enough idle GPUs, CPU jobs among the CPU nodes with the
-cores. Draws come only from the ``rng`` passed to ``schedule``: the same seed gives the same plan.
+Multi-GPU jobs pick among node groups with enough idle GPUs (per GPU model and idle count, the
+first node of each), CPU jobs among the CPU nodes with the cores. Draws come only from the
+``rng`` passed to ``schedule``: the same seed gives the same plan.
 
 Parameters: the framework's.
 """
