@@ -1,0 +1,166 @@
+"""``manage.py load_demo``: seed profiles, users, a virtual cluster, policy and scenario jobs;
+running it twice changes nothing."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from portal.core.adapters import derived_classes
+from portal.core.models import (
+    ApplicationProfile,
+    Gpu,
+    Job,
+    JobEvent,
+    Node,
+    PolicySettings,
+    ProfileGpuTime,
+    ProfileMemoryStep,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def load(*args: str) -> str:
+    out = StringIO()
+    call_command("load_demo", *args, stdout=out)
+    return out.getvalue()
+
+
+def snapshot() -> dict[str, object]:
+    return {
+        "profiles": sorted(
+            ApplicationProfile.objects.values_list("name", "version", "status", "updated_at")
+        ),
+        "gpu_times": sorted(ProfileGpuTime.objects.values_list("profile__name", "time_s")),
+        "steps": sorted(ProfileMemoryStep.objects.values_list("profile__name", "index", "to_mb")),
+        "users": sorted(get_user_model().objects.values_list("username", "password")),
+        "nodes": sorted(Node.objects.values_list("name", "kind", "backend")),
+        "gpus": sorted(Gpu.objects.values_list("node__name", "index", "model")),
+        "policy": list(PolicySettings.objects.values_list("name", "policy", "active")),
+        "jobs": sorted(Job.objects.values_list("id", "name", "state")),
+        "events": JobEvent.objects.count(),
+    }
+
+
+def test_load_demo_is_idempotent():
+    output = load()
+    first = snapshot()
+    second_output = load()
+    assert snapshot() == first
+    assert "Jobs: 25 created" in output and "Jobs: 0 created" in second_output
+    assert "Profiles: 0 created" in second_output
+
+
+def test_it_prints_the_credentials_and_a_warning():
+    output = load()
+    assert "demo / demo-pass-123" in output
+    assert "admin / admin-pass-123" in output
+    assert "WARNING" in output and "changepassword admin" in output
+
+
+def test_users():
+    load()
+    users = get_user_model().objects
+    demo, admin = users.get(username="demo"), users.get(username="admin")
+    assert demo.check_password("demo-pass-123") and not demo.is_staff
+    assert admin.check_password("admin-pass-123") and admin.is_superuser and admin.is_staff
+
+
+def test_seed_profiles_are_approved():
+    load("--no-jobs")
+    profiles = ApplicationProfile.objects.all()
+    assert {p.status for p in profiles} == {"approved"}
+    assert all(p.approved_by.username == "admin" for p in profiles)
+    names = set(profiles.values_list("name", flat=True))
+    assert {"CNN-MNIST", "BlackScholes", "Binomial", "LAMMPS", "GROMACS"} <= names  # 004
+    assert {"LavaMD", "SPMV", "Convolution-3D", "Syr2k"} <= names  # 003 Table 7
+    assert {"ResNet50-inference", "YOLOv5-train"} <= names  # 001 Table 3
+    assert len(names) == 5 + 18 - 1 + 10  # BlackScholes is in 004 and 003: one profile
+
+
+def test_lammps_has_the_published_memory_steps():
+    load("--no-jobs")
+    lammps = ApplicationProfile.objects.get(name="LAMMPS")
+    assert [(s.from_mb, s.to_mb) for s in lammps.memory_steps.all()] == [
+        (0, 833),
+        (833, 1895),
+        (1895, 2795),
+        (2795, 8317),
+    ]
+    assert lammps.cpu_time_s == 990
+    assert lammps.gpu_times.get().gpu_model == "TitanXp" and lammps.gpu_times.get().time_s == 85
+
+
+def test_blackscholes_merges_004_times_and_003_stalls():
+    load("--no-jobs")
+    bs = ApplicationProfile.objects.get(name="BlackScholes")
+    assert bs.cpu_time_s == 324 and bs.stall_memory_dependency_pct == 73.81
+    assert bs.dram_bw_gbps == 266.0
+
+
+def test_table7_kernels_get_their_published_class():
+    """The profiles carry what scheduler.classes needs to reproduce Table 7's types."""
+    import csv
+
+    from portal.core.management.commands.load_demo import SEEDS
+
+    load("--no-jobs")
+    with (SEEDS / "003_kernels_table7.csv").open() as f:
+        for row in csv.DictReader(f):
+            profile = ApplicationProfile.objects.get(name=row["name"])
+            assert derived_classes(profile)["kernel_class"] == row["type"], row["name"]
+
+
+def test_cm_ratio_models():
+    load("--no-jobs")
+    resnet = ApplicationProfile.objects.get(name="ResNet50-inference")
+    assert (resnet.kind, resnet.cm_ratio) == ("dl-infer", 18.49)
+    assert derived_classes(resnet)["cm_class"] == "C"
+    assert derived_classes(ApplicationProfile.objects.get(name="VGG16-train"))["cm_class"] == "M"
+
+
+def test_virtual_cluster_from_the_catalogue():
+    load("--no-jobs")
+    nodes = {n.name: n for n in Node.objects.all()}
+    assert {n.backend for n in nodes.values()} == {"virtual"}
+    assert sorted(n.kind for n in nodes.values()) == ["cpu", "gpu", "gpu"]
+    models = set(Gpu.objects.values_list("model", flat=True))
+    assert models == {"TitanXp", "A30"}
+    a30 = Gpu.objects.filter(model="A30").first()
+    assert a30.memory_mb == 24576 and a30.sm_count == 56
+    assert "mig" in a30.sharing_modes
+    assert [p["name"] for p in a30.mig_profiles] == ["1g.6gb", "2g.12gb", "4g.24gb"]
+    assert "mig" not in Gpu.objects.filter(model="TitanXp").first().sharing_modes
+
+
+def test_default_policy_is_fifo():
+    load("--no-jobs")
+    assert PolicySettings.objects.get(active=True).policy == "fifo"
+
+
+def test_scenario_jobs_for_the_demo_user():
+    load()
+    jobs = Job.objects.filter(owner__username="demo")
+    assert jobs.count() == 25
+    counts = {
+        app: jobs.filter(profile__name=app).count()
+        for app in ("CNN-MNIST", "BlackScholes", "Binomial", "LAMMPS", "GROMACS")
+    }
+    assert counts == {"CNN-MNIST": 13, "BlackScholes": 5, "Binomial": 5, "LAMMPS": 1, "GROMACS": 1}
+    lammps = jobs.get(profile__name="LAMMPS")
+    assert lammps.command == "python -m workers.emulate --profile LAMMPS"
+    assert lammps.state == "PENDING" and lammps.kind == "hpc"
+
+
+def test_no_jobs_flag_and_a_later_run_with_jobs():
+    load("--no-jobs")
+    assert Job.objects.count() == 0
+    load("--emulate-scale", "0.05")
+    assert Job.objects.count() == 25
+    assert Job.objects.first().command.endswith("--scale 0.05")
+    load()  # another scale later: still no duplicates
+    assert Job.objects.count() == 25
