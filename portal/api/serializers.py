@@ -216,6 +216,7 @@ class ProfileSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         model = ApplicationProfile
         exclude = ["created_by"]
         read_only_fields = ["status", "source", "approved_at", "created_at", "updated_at"]
+        validators: list = []  # name+version uniqueness: services.profile_save names the field
 
     @extend_schema_field(OpenApiTypes.OBJECT)
     def get_classes(self, profile: ApplicationProfile) -> dict[str, str | None]:
