@@ -9,7 +9,7 @@ from typing import Any
 
 from django import forms
 
-from portal.core import selectors
+from portal.core import selectors, services
 from portal.core.models import JOB_KINDS, ApplicationProfile
 from portal.core.states import JobState
 
@@ -136,6 +136,16 @@ class JobSubmitForm(forms.Form):
         self.fields["profile"].queryset = selectors.approved_profiles()
         if not self.is_bound:
             self.initial.setdefault("submit_token", uuid.uuid4().hex)
+
+    def clean(self) -> dict[str, Any]:
+        """Add the service's business-rule errors to the type errors, so one round trip
+        shows every problem (``job_submit`` checks the rules again on save)."""
+        cleaned = super().clean()
+        failed = set(self.errors)
+        for field, messages in services.job_rule_errors(self.job_fields(), skip=failed).items():
+            for message in messages:
+                self.add_error(field if field in self.fields else None, message)
+        return cleaned
 
     def profile_defaults(self) -> dict[int, dict[str, Any]]:
         """``profile_defaults`` of every selectable profile, for the page's small script."""

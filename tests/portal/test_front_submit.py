@@ -205,3 +205,11 @@ def test_the_form_keeps_what_was_typed_after_an_error(alice_client):
     html = alice_client.post(URL, {**GOOD, "gpus": "-1"}).content.decode()
     assert 'value="resnet-nightly"' in html
     assert "python train.py --epochs 3" in html
+
+
+def test_type_errors_and_rule_errors_show_together(alice_client):
+    response = alice_client.post(URL, {**GOOD, "gpus": "-1", "command": ""})
+    html = response.content.decode()
+    assert 'id="id_gpus_error"' in html
+    assert "give a command (or a container image)" in html
+    assert Job.objects.count() == 0
