@@ -206,7 +206,7 @@ def cluster(request: HttpRequest) -> HttpResponse:
         {
             "nodes": nodes,
             "gpu_count": sum(len(node.gpus.all()) for node in nodes),
-            "backends": sorted({node.backend for node in nodes}),
+            "backends": sorted({node.backend for node in nodes if node.kind == "gpu"}),
         },
     )
 

@@ -26,7 +26,7 @@ def test_lists_nodes_and_their_gpus(client, alice):
     html = client.get("/cluster/").content.decode()
     assert "gpu-1" in html and "cpu-1" in html
     assert "A30" in html and "Ampere" in html and "24.0 GB" in html
-    assert ">mps<" in html and ">1g.6gb<" in html
+    assert ">MPS<" in html and ">1g.6gb<" in html
     assert "GPU backend: virtual" in html
     assert "Down" in html
     assert "No GPUs: CPU jobs run here." in html

@@ -8,6 +8,8 @@ from typing import Any
 
 from django import template
 
+from portal.core.models import SHARING_MODES
+
 register = template.Library()
 
 MISSING = "—"
@@ -47,3 +49,12 @@ def pretty_json(value: Any) -> str:
 @register.filter
 def state_class(state: str) -> str:
     return f"state state-{str(state).lower()}"
+
+
+_SHARING_LABELS = dict(SHARING_MODES)
+
+
+@register.filter
+def sharing_mode(value: str) -> str:
+    """``time_slicing`` -> ``Time-slicing`` (unknown values are shown as they are)."""
+    return _SHARING_LABELS.get(value, value)
