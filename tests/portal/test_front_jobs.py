@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib import admin
 
-from portal.core.models import Node, Placement
+from portal.core.models import Job, Node, Placement
 from portal.core.services import job_submit, job_transition
 from portal.core.states import JobState
 from portal.front.views import JOBS_PER_PAGE
@@ -188,3 +189,13 @@ def test_staff_can_open_any_job(client, staff, alice):
     response = client.get(f"/jobs/{job.pk}/")
     assert response.status_code == 200
     assert "Submitted by alice" in response.content.decode()
+
+
+@pytest.mark.skipif(not admin.site.is_registered(Job), reason="jobs not in the admin yet")
+def test_staff_get_a_link_to_the_job_in_the_admin(client, staff, alice):
+    job = submit(alice, "alice-train")
+    client.force_login(staff)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert f"/admin/core/job/{job.pk}/change/" in html
+    client.force_login(alice)
+    assert "/admin/" not in client.get(f"/jobs/{job.pk}/").content.decode()
