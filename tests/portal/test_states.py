@@ -152,10 +152,17 @@ def test_a_note_keeps_the_state(alice):
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
-    ("first", "second"),
-    [("SCHEDULED", "CANCELLED"), ("SCHEDULED", "SCHEDULED"), ("CANCELLED", "FAILED")],
+    ("first", "second", "expected"),
+    [
+        # Two workers that both read PENDING: the conditional UPDATE lets one through.
+        ("SCHEDULED", "CANCELLED", "PENDING"),
+        ("SCHEDULED", "SCHEDULED", "PENDING"),
+        ("SCHEDULED", "SCHEDULED", None),
+        # Two final states: whichever lands first makes the other illegal.
+        ("CANCELLED", "FAILED", None),
+    ],
 )
-def test_two_threads_race_and_one_wins(alice, first, second):
+def test_two_threads_race_and_one_wins(alice, first, second, expected):
     job, _ = services.job_submit(alice, name="race", command="true")
     barrier = threading.Barrier(2)
     outcomes: dict[str, str] = {}
@@ -163,7 +170,9 @@ def test_two_threads_race_and_one_wins(alice, first, second):
     def attempt(label: str, target: str) -> None:
         try:
             barrier.wait(timeout=10)
-            services.job_transition(Job.objects.get(pk=job.pk), target, actor=label)
+            services.job_transition(
+                Job.objects.get(pk=job.pk), target, actor=label, expected=expected
+            )
             outcomes[label] = "won"
         except IllegalTransition:
             outcomes[label] = "lost"
