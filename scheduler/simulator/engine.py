@@ -238,7 +238,7 @@ class Simulator:
         self.busy_area = 0.0  # GPU-seconds busy so far
         self.n_paused = 0
         self.live_nodes: dict[_Node, int] = {}  # nodes running jobs with memory steps
-        self.last_call_changed = False
+        self.idle_calls = 0  # consecutive policy calls that changed nothing
         # Changes since the last recompute.
         self.touched_gpus: set[_Gpu] = set()
         self.touched_jobs: set[_Job] = set()
@@ -307,18 +307,25 @@ class Simulator:
             self._record_timeline()
             if sample:
                 self._sample_slowdown()
-                if self._alive():
+                if self._active() or (interval and self._alive()):
                     self._push(t + self.sample_interval, _SAMPLE, None)
         return self._finish(stopped_early, time.perf_counter() - wall0)
 
     def _push(self, t: float, kind: int, obj: object, version: int = 0) -> None:
         heapq.heappush(self.heap, (t, kind, next(self.seq), obj, version))
 
+    def _active(self) -> bool:
+        """Whether a job still arrives or makes progress."""
+        return bool(self.arrivals_left) or any(j.rate > 0.0 for j in self.running.values())
+
     def _alive(self) -> bool:
         """Whether anything can still happen (else ticks and samples stop)."""
-        if self.arrivals_left or self.last_call_changed:
+        if self._active():
+            self.idle_calls = 0
             return True
-        return any(not j.paused for j in self.running.values())
+        # Nothing runs and nothing arrives: keep calling the policy (it may resume a paused
+        # job or place a waiting one) until it has changed nothing max_idle_ticks times.
+        return self.idle_calls < self.config.max_idle_ticks
 
     def _advance_clock(self, t: float) -> None:
         self.busy_area += self.busy * (t - self.now)
@@ -476,10 +483,13 @@ class Simulator:
         job (the policy is then called again)."""
         if not self.touched_gpus and not self.touched_jobs:
             return False
-        affected = set(self.touched_jobs)
-        for gpu in self.touched_gpus:
+        touched_jobs, touched_gpus = self.touched_jobs, self.touched_gpus
+        # Changes made while recomputing (an OOM kill) are collected for the next round.
+        self.touched_jobs, self.touched_gpus = set(), set()
+        affected = set(touched_jobs)
+        for gpu in touched_gpus:
             affected.update(gpu.jobs)
-        forecast = set(self.touched_gpus)
+        forecast = set(touched_gpus)
         killed = False
         for job in sorted(affected, key=lambda j: j.seq):
             if job.status != _RUNNING:
@@ -492,7 +502,7 @@ class Simulator:
                                   "infeasible)")
                 killed = True
                 continue
-            if new_rate != job.rate or job in self.touched_jobs:
+            if new_rate != job.rate or job in touched_jobs:
                 job.rate = new_rate
                 job.version += 1
                 self._schedule_job(job)
@@ -500,8 +510,6 @@ class Simulator:
                 self.rj_dirty.add(job)
                 if job.node is not None:
                     self.dirty_nodes.add(job.node)
-        self.touched_jobs = set()
-        self.touched_gpus = set()
         for gpu in sorted(forecast, key=lambda g: (g.node.spec_index, g.index)):
             gpu.version += 1
             self.dirty_nodes.add(gpu.node)
@@ -644,7 +652,7 @@ class Simulator:
             job = self.pending.get(job_id)
             if job is not None:
                 job.waiting = reason
-        self.last_call_changed = changed
+        self.idle_calls = 0 if changed else self.idle_calls + 1
 
     def _apply_action(self, action) -> bool:  # noqa: ANN001 - scheduler.domain.Action
         job = self.by_id.get(action.job_id)
@@ -982,6 +990,7 @@ class Simulator:
             arrival_s=spec.arrival_s,
             start_s=start,
             finish_s=finish,
+            end_s=job.finish,
             end_reason=str(job.reason),
             location=location,
             gpu_model=job.model if pl is not None else None,

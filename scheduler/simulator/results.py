@@ -58,6 +58,8 @@ class SimConfig:
       job state changes or its progress moved by this much (live progress is sampled too).
     - ``sample_interval_s``: period of the Slow-Down samples (None: about 400 over the run).
     - ``max_time_s``: stop the simulation at this time (None: run until nothing can happen).
+    - ``max_idle_ticks``: with periodic rescheduling, when nothing runs and nothing is left to
+      arrive, ticks go on until the policy has changed nothing this many calls in a row.
     """
 
     seed: int = 0
@@ -70,6 +72,7 @@ class SimConfig:
     snapshot_progress_step: float = 0.01
     sample_interval_s: float | None = None
     max_time_s: float | None = None
+    max_idle_ticks: int = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,7 @@ class JobRecord:
     arrival_s: float
     start_s: float | None
     finish_s: float | None
+    end_s: float | None
     end_reason: str
     location: str
     gpu_model: str | None
