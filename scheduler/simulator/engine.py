@@ -29,7 +29,7 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import count
 
 from scheduler.cluster_spec import ClusterSpec
@@ -223,7 +223,9 @@ class Simulator:
         self.now = 0.0
         self.heap: list[tuple] = []
         self.seq = count()
-        self.pending: dict[str, _Job] = {}
+        self.pending: dict[str, _Job] = {}  # queue order
+        self.pending_specs: dict[str, JobSpec] = {}  # the same, as specs (cheap snapshots)
+        self.last_waiting: Mapping[str, str] = {}  # the last plan's reasons for waiting jobs
         self.running: dict[str, _Job] = {}
         self.arrivals_left = len(self.jobs)
         self.done = 0
@@ -356,6 +358,7 @@ class Simulator:
         self.arrivals_left -= 1
         job.t_last = self.now
         self.pending[job.spec.id] = job
+        self.pending_specs[job.spec.id] = job.spec
         self.pending_tuple = None
 
     def _on_job_event(self, job: _Job, version: int) -> bool:
@@ -457,6 +460,7 @@ class Simulator:
             self._release(job)
         elif job.status == _PENDING:
             self.pending.pop(job.spec.id, None)
+            self.pending_specs.pop(job.spec.id, None)
             self.pending_tuple = None
         job.status = _DONE
         job.reason = reason
@@ -473,6 +477,7 @@ class Simulator:
         self.pending[job.spec.id] = job
         if len(self.pending) > 1:  # keep submission order
             self.pending = dict(sorted(self.pending.items(), key=lambda kv: kv[1].seq))
+        self.pending_specs = {k: j.spec for k, j in self.pending.items()}
         self.pending_tuple = None
 
     # ------------------------------------------------------------------------------------
@@ -648,10 +653,7 @@ class Simulator:
         for decision in plan.decisions:
             self._apply_decision(decision.placement, decision.explanation)
             changed = True
-        for job_id, reason in plan.waiting.items():
-            job = self.pending.get(job_id)
-            if job is not None:
-                job.waiting = reason
+        self.last_waiting = plan.waiting
         self.idle_calls = 0 if changed else self.idle_calls + 1
 
     def _apply_action(self, action) -> bool:  # noqa: ANN001 - scheduler.domain.Action
@@ -748,6 +750,7 @@ class Simulator:
         # Apply.
         self._advance(job)
         self.pending.pop(pl.job_id)
+        self.pending_specs.pop(pl.job_id)
         self.pending_tuple = None
         job.status = _RUNNING
         job.placement = pl
@@ -760,7 +763,6 @@ class Simulator:
             job.first_start = self.now
         job.last_start = self.now
         job.explanation = explanation
-        job.waiting = ""
         node.free_cores -= pl.cpus
         self.dirty_nodes.add(node)
         if job.segments and gpus:
@@ -873,7 +875,7 @@ class Simulator:
 
     def _pending_snapshot(self) -> tuple[JobSpec, ...]:
         if self.pending_tuple is None:
-            self.pending_tuple = tuple(j.spec for j in self.pending.values())
+            self.pending_tuple = tuple(self.pending_specs.values())
         return self.pending_tuple
 
     def _running_snapshot(self) -> tuple[RunningJob, ...]:
@@ -950,6 +952,7 @@ class Simulator:
                 job.reason = EndReason.UNFINISHED
             else:
                 job.reason = EndReason.UNSCHEDULABLE
+                job.waiting = self.last_waiting.get(job.spec.id, "")
                 if job.waiting:
                     job.explanation = job.waiting
             job.status = _DONE
