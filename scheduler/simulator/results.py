@@ -79,7 +79,8 @@ class SimConfig:
 class JobRecord:
     """How one job went. Times in seconds since the trace origin; None where it never happened.
 
-    ``solo_s``: solo run time on the GPU model (or CPU) of its last placement. ``slowdown``:
+    ``solo_s``: solo run time on the GPU model (or CPU) of its last placement. ``end_s``: when
+    it ended for any reason (``finish_s`` only for completed jobs). ``slowdown``:
     (finish - first start) / solo_s (ALGORITHMS §5 at completion). ``speedup``: its inverse
     (solo / co-run time, 0..1). ``location``: ``node/gpu,gpu`` or ``node/cpu``.
     """
