@@ -1,0 +1,29 @@
+"""Cosched benchmarks: ``python -m benchmarks [--quick] [NAME ...]``.
+
+Each benchmark is a module in this package with one entry point::
+
+    def run(quick: bool = False) -> dict: ...
+
+It prints its own table and returns its figures. To put figures on the runner's one-screen
+summary, a benchmark returns them under ``"summary"`` as ``{label: value}`` (value a number or a
+short string, with the unit in the label); without that key the runner shows the result's
+top-level numbers. Benchmarks are registered here as data (name -> dotted module path) and
+imported only when they run, so one missing or broken module does not stop the others.
+"""
+
+from __future__ import annotations
+
+BENCHMARKS: dict[str, str] = {
+    "decision": "benchmarks.decision_latency",
+    "simulator": "benchmarks.simulator_throughput",
+    "api": "benchmarks.api_latency",
+    "live": "benchmarks.live_latency",
+}
+"""Registered benchmarks in the order the runner runs them."""
+
+DESCRIPTIONS: dict[str, str] = {
+    "decision": "scheduling-decision latency of each policy (pure core, no I/O)",
+    "simulator": "simulator throughput on the named scenarios",
+    "api": "REST API latency: POST and GET /api/v1/jobs/ against gunicorn + PostgreSQL",
+    "live": "end-to-end submit -> RUNNING latency with Celery and virtual node agents",
+}
