@@ -124,7 +124,18 @@ CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 
+CELERY_TASK_DEFAULT_QUEUE = "scheduler"
+# Periodic work (``celery -A portal beat``): a cycle also runs on every submission, job end and
+# node change; the beat catches anything those missed.
+CELERY_BEAT_SCHEDULE = {
+    "schedule-cycle": {"task": "cosched.schedule_cycle", "schedule": 10.0},
+    "check-nodes": {"task": "cosched.check_nodes", "schedule": 10.0},
+    "cluster-metrics": {"task": "cosched.cluster_metrics", "schedule": 5.0},
+    "metrics-retention": {"task": "cosched.metrics_retention", "schedule": 3600.0},
+}
+
 COSCHED = {
+    "METRICS_RETENTION_DAYS": envint("COSCHED_METRICS_RETENTION_DAYS", 14),
     "NODE_DOWN_AFTER_S": envint("COSCHED_NODE_DOWN_AFTER_S", 30),
     "IDEMPOTENCY_TTL_S": envint("COSCHED_IDEMPOTENCY_TTL_S", 24 * 3600),
 }

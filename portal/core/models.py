@@ -233,6 +233,9 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     failure_reason = models.TextField(blank=True)
     requeue_count = models.PositiveIntegerField(default=0)
+    waiting_reason = models.TextField(
+        blank=True, help_text="why the scheduler left the job queued in its last cycle"
+    )
 
     # Idempotent submission: one job per (owner, key); the fingerprint catches key reuse.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)

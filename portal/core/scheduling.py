@@ -1,0 +1,520 @@
+"""The live scheduling loop's service: snapshot -> active policy -> placements, in one transaction.
+
+``run_cycle`` is what the Celery task ``cosched.schedule_cycle`` (and the embedded loop) calls:
+
+1. lock the active ``PolicySettings`` row (``SELECT ... FOR UPDATE``): cycles are serialised
+   across every scheduler worker, so a second worker waits and then sees the first one's
+   placements; a process-local lock does the same for threads (and for SQLite, which ignores
+   ``FOR UPDATE``);
+2. read a consistent snapshot with a handful of bulk queries and turn it into
+   ``scheduler.domain`` types (the policy never sees a Django object);
+3. run the policy (pure, seeded);
+4. write its decisions: a conditional PENDING -> SCHEDULED transition per job, a ``Placement``
+   row with the explanation, each GPU's sharing mode; a decision that would over-commit GPU
+   memory or cores (a policy bug) is refused and logged, not written;
+5. apply its actions (pause / resume / requeue) as transitions with the policy's explanation on
+   the timeline;
+6. after commit, dispatch launches and controls to the nodes' own queues.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from portal.core import adapters
+from portal.core.models import Gpu, Job, JobEvent, Node, Placement, PolicySettings
+from portal.core.services import job_transition
+from portal.core.states import PLACED, IllegalTransition, JobState
+from scheduler.domain import (
+    Action,
+    ActionKind,
+    ClusterState,
+    Decision,
+    GpuState,
+    JobSpec,
+    NodeKind,
+    NodeState,
+    RunningJob,
+    SharingMode,
+)
+from scheduler.domain import Placement as DomainPlacement
+from scheduler.policies.registry import build_policy
+
+log = logging.getLogger(__name__)
+
+# Seconds in a snapshot are counted from this fixed instant (arrival_s, started_s, now_s).
+EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
+# Most pending jobs handed to the policy in one cycle (oldest first); the rest wait a cycle.
+MAX_PENDING_PER_CYCLE = 10_000
+# How many jobs the same explanation may be written to in one cycle before it is summarised.
+_CYCLE_LOCK = threading.RLock()
+
+
+def _seconds(at: datetime | None) -> float:
+    return 0.0 if at is None else (at - EPOCH).total_seconds()
+
+
+@dataclass
+class Snapshot:
+    """A ``ClusterState`` plus the row ids the writer needs to turn decisions back into rows."""
+
+    state: ClusterState
+    node_ids: dict[str, int] = field(default_factory=dict)
+    gpu_ids: dict[tuple[str, int], int] = field(default_factory=dict)
+    pending_ids: list[int] = field(default_factory=list)
+    running_nodes: dict[int, str] = field(default_factory=dict)  # job id -> node name
+
+
+@dataclass
+class CycleResult:
+    """What one cycle did, for the task's log line, the benchmarks and the tests."""
+
+    policy: str = ""
+    pending: int = 0
+    placed: list[int] = field(default_factory=list)
+    refused: dict[int, str] = field(default_factory=dict)
+    actions: list[tuple[str, int]] = field(default_factory=list)
+    waiting: int = 0
+    seconds: float = 0.0
+    policy_seconds: float = 0.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.policy}: {len(self.placed)} placed of {self.pending} pending, "
+            f"{len(self.actions)} actions, {len(self.refused)} refused, "
+            f"{self.seconds * 1000:.1f} ms ({self.policy_seconds * 1000:.1f} ms in the policy)"
+        )
+
+
+def _progress_of(job_ids: list[int]) -> dict[int, float]:
+    """Latest reported progress (0..1) of running jobs, from the live metrics store if any."""
+    if not job_ids:
+        return {}
+    try:
+        from portal.core import metrics
+    except ImportError:
+        return {}
+    try:
+        latest = metrics.metrics_latest(job_ids=job_ids)
+    except Exception:  # the live store is an optimisation; a cycle must not die of it
+        log.exception("could not read the latest job metrics")
+        return {}
+    result: dict[int, float] = {}
+    for key, values in (latest.get("jobs") or latest).items():
+        try:
+            job_id = int(key)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(values, dict) and "progress" in values:
+            value = values["progress"]
+            if isinstance(value, dict):
+                value = value.get("value")
+            try:
+                result[job_id] = float(value)
+            except (TypeError, ValueError):
+                continue
+    return result
+
+
+def build_snapshot(now: datetime | None = None) -> Snapshot:
+    """Read nodes, GPUs, active placements and the queue in a few queries; return domain types.
+
+    Pending jobs are in queue order (submission time, then id), at most
+    ``MAX_PENDING_PER_CYCLE`` of them.
+    """
+    now = now or timezone.now()
+    nodes = list(Node.objects.prefetch_related("gpus").order_by("name"))
+    placements = list(
+        Placement.objects.filter(active=True, job__state__in=[s.value for s in PLACED])
+        .select_related("job", "node")
+        .prefetch_related("gpus", "job__profile__gpu_times", "job__profile__memory_steps")
+    )
+    pending_rows = list(
+        Job.objects.filter(state=JobState.PENDING)
+        .select_related("profile")
+        .prefetch_related("profile__gpu_times", "profile__memory_steps")
+        .order_by("submitted_at", "id")[:MAX_PENDING_PER_CYCLE]
+    )
+
+    profiles: dict[int, Any] = {}
+
+    def to_spec(job: Job) -> JobSpec:
+        spec = adapters.job_to_domain(job, epoch=EPOCH) if job.profile_id is None else None
+        if spec is not None:
+            return spec
+        if job.profile_id not in profiles:
+            profiles[job.profile_id] = adapters.profile_to_domain(job.profile)
+        base = adapters.job_to_domain(_without_profile(job), epoch=EPOCH)
+        return _with_profile(base, profiles[job.profile_id])
+
+    jobs_on_gpu: dict[int, list[str]] = defaultdict(list)
+    memory_on_gpu: dict[int, float] = defaultdict(float)
+    slices_on_gpu: dict[int, list[str]] = defaultdict(list)
+    cores_on_node: dict[int, int] = defaultdict(int)
+    running: list[RunningJob] = []
+    running_nodes: dict[int, str] = {}
+    progress = _progress_of([p.job_id for p in placements])
+    for p in placements:
+        cores_on_node[p.node_id] += p.cpus
+        gpu_rows = sorted(p.gpus.all(), key=lambda g: g.index)
+        for g in gpu_rows:
+            jobs_on_gpu[g.pk].append(str(p.job_id))
+            memory_on_gpu[g.pk] += p.gpu_memory_mb
+            if p.mig_profile:
+                slices_on_gpu[g.pk].append(p.mig_profile)
+        running_nodes[p.job_id] = p.node.name
+        running.append(
+            RunningJob(
+                job=to_spec(p.job),
+                placement=DomainPlacement(
+                    job_id=str(p.job_id),
+                    node=p.node.name,
+                    gpu_indices=tuple(g.index for g in gpu_rows),
+                    mode=SharingMode(p.sharing_mode),
+                    mps_percentage=p.mps_percentage,
+                    mig_profile=p.mig_profile or None,
+                    cpus=p.cpus,
+                ),
+                started_s=_seconds(p.job.started_at or p.job.scheduled_at or p.created_at),
+                progress=progress.get(p.job_id, 0.0),
+                paused=p.job.state == JobState.PAUSED,
+            )
+        )
+
+    node_states: list[NodeState] = []
+    node_ids: dict[str, int] = {}
+    gpu_ids: dict[tuple[str, int], int] = {}
+    for node in nodes:
+        node_ids[node.name] = node.pk
+        gpu_states = []
+        for g in sorted(node.gpus.all(), key=lambda g: g.index):
+            spec = adapters.gpu_spec_of(g)
+            gpu_ids[(node.name, g.index)] = g.pk
+            held = jobs_on_gpu.get(g.pk, [])
+            slice_of = {m.name: m.compute_slices for m in spec.mig_profiles}
+            gpu_states.append(
+                GpuState(
+                    node=node.name,
+                    index=g.index,
+                    spec=spec,
+                    mode=SharingMode(g.current_mode) if held else None,
+                    job_ids=tuple(sorted(held, key=int)),
+                    committed_memory_mb=memory_on_gpu.get(g.pk, 0.0),
+                    mig_slices_used=sum(slice_of.get(n, 0) for n in slices_on_gpu.get(g.pk, [])),
+                    uuid=g.uuid,
+                )
+            )
+        node_states.append(
+            NodeState(
+                name=node.name,
+                kind=NodeKind(node.kind),
+                cores=node.cores,
+                free_cores=max(0, node.cores - cores_on_node.get(node.pk, 0)),
+                memory_mb=float(node.memory_mb),
+                up=node.status == Node.Status.UP,
+                gpus=tuple(gpu_states),
+            )
+        )
+
+    state = ClusterState(
+        now_s=_seconds(now),
+        nodes=tuple(node_states),
+        pending=tuple(to_spec(j) for j in pending_rows),
+        running=tuple(running),
+    )
+    return Snapshot(
+        state=state,
+        node_ids=node_ids,
+        gpu_ids=gpu_ids,
+        pending_ids=[j.pk for j in pending_rows],
+        running_nodes=running_nodes,
+    )
+
+
+def _without_profile(job: Job) -> Job:
+    """A shallow stand-in of ``job`` with no profile, so the adapter skips the conversion."""
+    clone = Job(
+        pk=job.pk,
+        name=job.name,
+        kind=job.kind,
+        gpus=job.gpus,
+        gpu_memory_mb=job.gpu_memory_mb,
+        cpus=job.cpus,
+        memory_mb=job.memory_mb,
+        priority=job.priority,
+        params=job.params,
+        elastic_min_workers=job.elastic_min_workers,
+        elastic_max_workers=job.elastic_max_workers,
+    )
+    clone.submitted_at = job.submitted_at
+    return clone
+
+
+def _with_profile(spec: JobSpec, profile: Any) -> JobSpec:
+    from dataclasses import replace
+
+    return replace(spec, profile=profile)
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing a plan
+
+
+@dataclass
+class _Ledger:
+    """Resources already committed, updated as this cycle writes placements (a second check
+    beside the policy's own, so a faulty policy cannot over-commit a GPU or a node)."""
+
+    gpu_free_mb: dict[int, float]
+    gpu_mode: dict[int, str | None]
+    gpu_jobs: dict[int, int]
+    node_free_cores: dict[int, int]
+
+
+def _ledger(snapshot: Snapshot) -> _Ledger:
+    ledger = _Ledger({}, {}, {}, {})
+    for node in snapshot.state.nodes:
+        ledger.node_free_cores[snapshot.node_ids[node.name]] = node.free_cores
+        for g in node.gpus:
+            gid = snapshot.gpu_ids[(node.name, g.index)]
+            ledger.gpu_free_mb[gid] = g.free_memory_mb
+            ledger.gpu_mode[gid] = None if g.mode is None else g.mode.value
+            ledger.gpu_jobs[gid] = len(g.job_ids)
+    return ledger
+
+
+def _refusal(decision: Decision, job: JobSpec, snapshot: Snapshot, ledger: _Ledger) -> str | None:
+    """Why writing ``decision`` would break an invariant, or None if it is sound."""
+    p = decision.placement
+    node_id = snapshot.node_ids.get(p.node)
+    if node_id is None:
+        return f"unknown node {p.node!r}"
+    node = snapshot.state.node(p.node)
+    if not node.up:
+        return f"node {p.node} is down"
+    if p.cpus > ledger.node_free_cores.get(node_id, 0):
+        return f"node {p.node} has {ledger.node_free_cores.get(node_id, 0)} free cores, {p.cpus} asked"
+    need = job.memory_need_mb()
+    for index in p.gpu_indices:
+        gid = snapshot.gpu_ids.get((p.node, index))
+        if gid is None:
+            return f"node {p.node} has no GPU {index}"
+        if ledger.gpu_jobs[gid]:
+            if p.mode == SharingMode.EXCLUSIVE or ledger.gpu_mode[gid] == "exclusive":
+                return f"GPU {p.node}/{index} is held exclusively"
+            if ledger.gpu_mode[gid] not in (None, p.mode.value):
+                return f"GPU {p.node}/{index} is in {ledger.gpu_mode[gid]} mode, not {p.mode}"
+        if p.mode != SharingMode.TIME_SLICING and need > ledger.gpu_free_mb[gid] + 1e-6:
+            return (
+                f"GPU {p.node}/{index} has {ledger.gpu_free_mb[gid]:.0f} MB free, "
+                f"{need:.0f} MB needed"
+            )
+    return None
+
+
+def _write_decision(
+    decision: Decision, job: JobSpec, snapshot: Snapshot, ledger: _Ledger, actor: str
+) -> bool:
+    p = decision.placement
+    job_id = int(job.id)
+    node_id = snapshot.node_ids[p.node]
+    gpu_ids = [snapshot.gpu_ids[(p.node, i)] for i in p.gpu_indices]
+    try:
+        with transaction.atomic():
+            job_transition(
+                Job(pk=job_id),
+                JobState.SCHEDULED,
+                actor=actor,
+                message=f"placed on {_where(p)} by {decision.policy}: {decision.explanation}",
+                expected=JobState.PENDING,
+                waiting_reason="",
+            )
+            placement = Placement.objects.create(
+                job_id=job_id,
+                node_id=node_id,
+                sharing_mode=p.mode.value,
+                mps_percentage=p.mps_percentage,
+                mig_profile=p.mig_profile or "",
+                gpu_memory_mb=job.memory_need_mb() if gpu_ids else 0.0,
+                cpus=p.cpus,
+                policy=decision.policy,
+                explanation=decision.explanation,
+                score=decision.score,
+            )
+            if gpu_ids:
+                placement.gpus.set(gpu_ids)
+                Gpu.objects.filter(pk__in=gpu_ids).update(current_mode=p.mode.value)
+    except IllegalTransition:
+        return False  # cancelled (or placed) meanwhile: nothing written
+    ledger.node_free_cores[node_id] -= p.cpus
+    for gid in gpu_ids:
+        ledger.gpu_jobs[gid] += 1
+        ledger.gpu_mode[gid] = p.mode.value
+        ledger.gpu_free_mb[gid] -= job.memory_need_mb()
+    return True
+
+
+def _where(p: DomainPlacement) -> str:
+    if not p.gpu_indices:
+        return f"{p.node} (CPU, {p.cpus} cores)"
+    gpus = ",".join(str(i) for i in p.gpu_indices)
+    mode = p.mode.value.replace("_", "-")
+    extra = ""
+    if p.mps_percentage is not None:
+        extra = f" {p.mps_percentage}%"
+    if p.mig_profile:
+        extra = f" {p.mig_profile}"
+    return f"{p.node} GPU {gpus} ({mode}{extra})"
+
+
+def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> tuple[str, str] | None:
+    """Apply one action on a running job; returns (node, control verb) to dispatch, or None."""
+    job_id = int(action.job_id)
+    node = snapshot.running_nodes.get(job_id)
+    message = f"{action.policy}: {action.explanation}"
+    try:
+        if action.kind == ActionKind.PAUSE:
+            job_transition(
+                Job(pk=job_id), JobState.PAUSED, actor=actor, message=message,
+                expected=JobState.RUNNING,
+            )
+            return (node, "pause") if node else None
+        if action.kind == ActionKind.RESUME:
+            job_transition(
+                Job(pk=job_id), JobState.RUNNING, actor=actor, message=message,
+                expected=JobState.PAUSED,
+            )
+            return (node, "resume") if node else None
+        if action.kind == ActionKind.REQUEUE:
+            job_transition(Job(pk=job_id), JobState.PENDING, actor=actor, message=message)
+            return (node, "kill") if node else None
+    except IllegalTransition as exc:
+        log.info("action %s on job %s skipped: %s", action.kind, job_id, exc)
+        return None
+    # Actions the live path does not act on yet (data ratio, worker count): keep the reason.
+    JobEvent.objects.create(
+        job_id=job_id, from_state="", to_state="", actor=actor,
+        message=f"{message} (not applied live: {action.kind.value})",
+    )
+    return None
+
+
+def _store_waiting(snapshot: Snapshot, waiting: dict[str, str], placed: set[int]) -> None:
+    """Keep each queued job's latest waiting reason (written only where it changed)."""
+    wanted = {int(k): v[:2000] for k, v in waiting.items()}
+    ids = [i for i in snapshot.pending_ids if i not in placed]
+    if not ids:
+        return
+    current = dict(Job.objects.filter(pk__in=ids).values_list("pk", "waiting_reason"))
+    by_reason: dict[str, list[int]] = defaultdict(list)
+    for job_id in ids:
+        reason = wanted.get(job_id, "")
+        if current.get(job_id) is not None and current[job_id] != reason:
+            by_reason[reason].append(job_id)
+    for reason, job_ids in by_reason.items():
+        Job.objects.filter(pk__in=job_ids, state=JobState.PENDING).update(waiting_reason=reason)
+
+
+def active_policy_settings() -> PolicySettings:
+    """The active ``PolicySettings`` row, locked for this transaction (created as fifo if none)."""
+    row = PolicySettings.objects.select_for_update().filter(active=True).first()
+    if row is None:
+        PolicySettings.objects.get_or_create(
+            name="default", defaults={"policy": "fifo", "params": {}, "active": True}
+        )
+        row = PolicySettings.objects.select_for_update().filter(active=True).first()
+    assert row is not None
+    return row
+
+
+def run_cycle(*, actor: str = "scheduler", seed: int | None = None) -> CycleResult:
+    """One scheduling cycle (see the module docstring). Safe to call from many workers."""
+    started = time.perf_counter()
+    result = CycleResult()
+    to_launch: list[tuple[str, int]] = []
+    to_control: list[tuple[str, int, str]] = []
+    with _CYCLE_LOCK, transaction.atomic():
+        settings_row = active_policy_settings()
+        result.policy = settings_row.policy
+        snapshot = build_snapshot()
+        state = snapshot.state
+        result.pending = len(state.pending)
+        if not state.pending and not state.running:
+            result.seconds = time.perf_counter() - started
+            return result
+        params = dict(settings_row.params or {})
+        cycle_seed = params.pop("seed", None) if seed is None else seed
+        policy = build_policy(settings_row.policy, params)
+        rng = random.Random(cycle_seed if cycle_seed is not None else int(state.now_s))
+        t0 = time.perf_counter()
+        plan = policy.schedule(state, rng)
+        result.policy_seconds = time.perf_counter() - t0
+
+        jobs = {j.id: j for j in state.pending}
+        ledger = _ledger(snapshot)
+        placed: set[int] = set()
+        for decision in plan.decisions:
+            job = jobs.get(decision.placement.job_id)
+            if job is None or int(job.id) in placed:
+                continue
+            reason = _refusal(decision, job, snapshot, ledger)
+            if reason is not None:
+                result.refused[int(job.id)] = reason
+                log.error("policy %s: refused decision for job %s: %s", policy.name, job.id, reason)
+                continue
+            if _write_decision(decision, job, snapshot, ledger, actor):
+                placed.add(int(job.id))
+                result.placed.append(int(job.id))
+                to_launch.append((decision.placement.node, int(job.id)))
+        for action in plan.actions:
+            control = _apply_action(action, snapshot, actor)
+            result.actions.append((action.kind.value, int(action.job_id)))
+            if control is not None:
+                to_control.append((control[0], int(action.job_id), control[1]))
+        waiting = dict(plan.waiting)
+        for job_id, reason in result.refused.items():
+            waiting[str(job_id)] = f"decision refused: {reason}"
+        _store_waiting(snapshot, waiting, placed)
+        result.waiting = len(state.pending) - len(placed)
+
+        def dispatch_all() -> None:
+            from workers import dispatch
+
+            for node, job_id in to_launch:
+                dispatch.launch(node, job_id)
+            for node, job_id, verb in to_control:
+                dispatch.control(node, job_id, verb)
+
+        if to_launch or to_control:
+            transaction.on_commit(dispatch_all)
+    result.seconds = time.perf_counter() - started
+    if result.placed or result.actions or result.refused:
+        log.info("cycle %s", result.summary())
+    return result
+
+
+def requeue_jobs_of_node(node: Node, *, actor: str, message: str) -> list[int]:
+    """Requeue every job holding a placement on ``node`` (node lost): back to PENDING."""
+    job_ids = list(
+        Placement.objects.filter(
+            node=node, active=True, job__state__in=[s.value for s in PLACED]
+        ).values_list("job_id", flat=True)
+    )
+    requeued = []
+    for job_id in job_ids:
+        try:
+            job_transition(Job(pk=job_id), JobState.PENDING, actor=actor, message=message)
+        except IllegalTransition:
+            continue
+        requeued.append(job_id)
+    return requeued

@@ -1,0 +1,212 @@
+"""The live scheduling cycle: snapshot -> policy -> placements and actions, written safely."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from portal.core.models import Gpu, Job, JobEvent, Node, Placement, PolicySettings
+from portal.core.scheduling import build_snapshot, run_cycle
+from portal.core.services import job_cancel, job_transition
+from portal.core.states import JobState
+from scheduler.domain import (
+    Action,
+    ActionKind,
+    ClusterState,
+    Decision,
+    Placement as DomainPlacement,
+    Plan,
+    SharingMode,
+)
+from scheduler.policies import registry
+from scheduler.policies.base import Policy
+
+pytestmark = pytest.mark.django_db
+
+
+def make_node(name: str, gpus: int = 2, memory_mb: int = 12288, kind: str = "gpu") -> Node:
+    node = Node.objects.create(name=name, kind=kind, cores=8, memory_mb=65536)
+    for i in range(gpus):
+        Gpu.objects.create(
+            node=node, index=i, model="TitanXp", memory_mb=memory_mb, uuid=f"GPU-{name}-{i}",
+            sharing_modes=["exclusive", "time_slicing", "mps"],
+        )
+    return node
+
+
+def submit(owner, name: str, gpus: int = 1, gpu_memory_mb: int | None = 4000, **kw) -> Job:
+    return Job.objects.create(
+        owner=owner, name=name, command="true", gpus=gpus, gpu_memory_mb=gpu_memory_mb, **kw
+    )
+
+
+def use_policy(name: str, **params) -> None:
+    PolicySettings.objects.all().delete()
+    PolicySettings.objects.create(name="test", policy=name, params=params, active=True)
+
+
+def test_snapshot_reflects_rows(alice):
+    node = make_node("g1")
+    make_node("c1", gpus=0, kind="cpu")
+    running = submit(alice, "running", gpu_memory_mb=5000)
+    job_transition(running, JobState.SCHEDULED, actor="test")
+    p = Placement.objects.create(job=running, node=node, gpu_memory_mb=5000, policy="t", cpus=2)
+    p.gpus.set([node.gpus.get(index=1)])
+    pending = submit(alice, "pending")
+
+    snap = build_snapshot()
+    state = snap.state
+    assert [j.id for j in state.pending] == [str(pending.pk)]
+    g1 = state.node("g1")
+    assert g1.free_cores == 6
+    assert g1.gpus[0].idle and g1.gpus[0].free_memory_mb == 12288
+    assert g1.gpus[1].job_ids == (str(running.pk),)
+    assert g1.gpus[1].free_memory_mb == 12288 - 5000
+    assert state.node("c1").kind == "cpu"
+    assert [r.job.id for r in state.running] == [str(running.pk)]
+    assert snap.running_nodes == {running.pk: "g1"}
+
+
+def test_fifo_cycle_places_in_order_and_explains_the_rest(alice):
+    make_node("g1", gpus=2)
+    use_policy("fifo")
+    jobs = [submit(alice, f"j{i}") for i in range(3)]
+
+    result = run_cycle()
+
+    assert result.placed == [jobs[0].pk, jobs[1].pk]
+    for job in jobs[:2]:
+        job.refresh_from_db()
+        assert job.state == JobState.SCHEDULED
+        placement = job.current_placement
+        assert placement.policy == "fifo" and placement.explanation
+        assert placement.gpus.count() == 1
+        assert job.events.filter(to_state="SCHEDULED", actor="scheduler").exists()
+    used = {j.current_placement.gpus.get().index for j in jobs[:2]}
+    assert used == {0, 1}
+    jobs[2].refresh_from_db()
+    assert jobs[2].state == JobState.PENDING
+    assert jobs[2].waiting_reason  # fifo says why it waits
+
+    # The next cycle places nothing new (no double placement) and keeps the reason.
+    again = run_cycle()
+    assert again.placed == []
+    assert Placement.objects.filter(active=True).count() == 2
+
+
+def test_cycle_frees_capacity_when_a_job_ends(alice):
+    make_node("g1", gpus=1)
+    use_policy("fifo")
+    first, second = submit(alice, "a"), submit(alice, "b")
+    run_cycle()
+    first.refresh_from_db()
+    job_transition(first, JobState.RUNNING, actor="node:g1")
+    job_transition(first, JobState.COMPLETED, actor="node:g1", exit_code=0)
+    assert run_cycle().placed == [second.pk]
+
+
+def test_down_node_gets_nothing(alice):
+    node = make_node("g1")
+    node.status = Node.Status.DOWN
+    node.save()
+    use_policy("fifo")
+    job = submit(alice, "a")
+    assert run_cycle().placed == []
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING
+
+
+class _GreedyBadPolicy(Policy):
+    """Puts every pending job on GPU 0 of the first node, exclusively: a faulty policy."""
+
+    name = "greedy_bad"
+
+    def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
+        node = state.nodes[0].name
+        return Plan(
+            decisions=tuple(
+                Decision(DomainPlacement(j.id, node, (0,), SharingMode.EXCLUSIVE), self.name, "x")
+                for j in state.pending
+            )
+        )
+
+
+class _PauseAll(Policy):
+    name = "pause_all"
+
+    def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
+        return Plan(
+            actions=tuple(
+                Action(
+                    ActionKind.RESUME if r.paused else ActionKind.PAUSE,
+                    r.job.id, self.name, "step 3 needs 2.8 GB",
+                )
+                for r in state.running
+            )
+        )
+
+
+@pytest.fixture
+def extra_policies(monkeypatch):
+    monkeypatch.setitem(registry.POLICIES, "greedy_bad", f"{__name__}:_GreedyBadPolicy")
+    monkeypatch.setitem(registry.POLICIES, "pause_all", f"{__name__}:_PauseAll")
+
+
+def test_a_faulty_policy_cannot_overcommit_a_gpu(alice, extra_policies):
+    make_node("g1", gpus=1)
+    use_policy("greedy_bad")
+    a, b = submit(alice, "a"), submit(alice, "b")
+    result = run_cycle()
+    assert result.placed == [a.pk]
+    assert b.pk in result.refused and "exclusively" in result.refused[b.pk]
+    b.refresh_from_db()
+    assert b.state == JobState.PENDING and "refused" in b.waiting_reason
+    assert Placement.objects.filter(active=True).count() == 1
+
+
+def test_a_cancelled_job_is_not_placed(alice, extra_policies, monkeypatch):
+    make_node("g1", gpus=2)
+    use_policy("fifo")
+    job = submit(alice, "a")
+    from portal.core import scheduling
+
+    real = scheduling.build_snapshot
+
+    def snapshot_then_cancel(*args, **kwargs):
+        snap = real(*args, **kwargs)
+        job_cancel(job, actor="user:alice")  # the user cancels while the policy thinks
+        return snap
+
+    monkeypatch.setattr(scheduling, "build_snapshot", snapshot_then_cancel)
+    assert run_cycle().placed == []
+    assert not Placement.objects.filter(job=job).exists()
+
+
+def test_pause_and_resume_actions_write_the_timeline(alice, extra_policies):
+    node = make_node("g1")
+    use_policy("pause_all")
+    job = submit(alice, "a")
+    job_transition(job, JobState.SCHEDULED, actor="t")
+    p = Placement.objects.create(job=job, node=node, gpu_memory_mb=4000, policy="t")
+    p.gpus.set([node.gpus.get(index=0)])
+    job_transition(job, JobState.RUNNING, actor="t")
+
+    result = run_cycle()
+    job.refresh_from_db()
+    assert result.actions == [("pause", job.pk)]
+    assert job.state == JobState.PAUSED
+    event = JobEvent.objects.filter(job=job, to_state="PAUSED").get()
+    assert "step 3 needs 2.8 GB" in event.message and event.actor == "scheduler"
+
+    run_cycle()
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING
+
+
+def test_unknown_policy_name_fails_loudly(alice):
+    make_node("g1")
+    use_policy("no_such_policy")
+    submit(alice, "a")
+    with pytest.raises(ValueError, match="unknown policy"):
+        run_cycle()
