@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
 # Most pending jobs handed to the policy in one cycle (oldest first); the rest wait a cycle.
 MAX_PENDING_PER_CYCLE = 10_000
-# How many jobs the same explanation may be written to in one cycle before it is summarised.
 _CYCLE_LOCK = threading.RLock()
 
 
@@ -302,8 +301,9 @@ def _refusal(decision: Decision, job: JobSpec, snapshot: Snapshot, ledger: _Ledg
     node = snapshot.state.node(p.node)
     if not node.up:
         return f"node {p.node} is down"
-    if p.cpus > ledger.node_free_cores.get(node_id, 0):
-        return f"node {p.node} has {ledger.node_free_cores.get(node_id, 0)} free cores, {p.cpus} asked"
+    free_cores = ledger.node_free_cores.get(node_id, 0)
+    if p.cpus > free_cores:
+        return f"node {p.node} has {free_cores} free cores, {p.cpus} asked"
     need = job.memory_need_mb()
     for index in p.gpu_indices:
         gid = snapshot.gpu_ids.get((p.node, index))

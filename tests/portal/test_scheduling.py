@@ -15,9 +15,11 @@ from scheduler.domain import (
     ActionKind,
     ClusterState,
     Decision,
-    Placement as DomainPlacement,
     Plan,
     SharingMode,
+)
+from scheduler.domain import (
+    Placement as DomainPlacement,
 )
 from scheduler.policies import registry
 from scheduler.policies.base import Policy
