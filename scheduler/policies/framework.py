@@ -44,6 +44,11 @@ Feasibility rules (all policies built on this class):
   else time-slicing), so later jobs can join it.
 - Multi-GPU jobs always take whole idle GPUs of one model on one node, exclusively: data-parallel
   jobs stall on their slowest worker, and the measured co-location data are single-GPU.
+- A shared GPU is no candidate when the ``colocation_check`` model predicts an infinite slowdown
+  (``scheduler.interference``: the pair cannot co-run at all, e.g. Gavel measured it out of
+  memory) for the job next to the residents, or for a resident next to the job. Otherwise a
+  co-locating policy would place the job there, the co-run would be killed at once (an OOM),
+  the job requeued and placed there again: an OOM cascade. The waiting reason names the pair.
 - With ``backfill`` off, the first job that cannot be placed blocks the rest of the queue.
 
 Common parameters (``framework_defaults``; policies add their own):
@@ -57,6 +62,11 @@ Common parameters (``framework_defaults``; policies add their own):
 - ``interference`` (str or None, None): a registered interference model name
   (``scheduler.interference.build_interference``) whose predicted slowdown co-locating policies
   quote in explanations; ``interference_params`` (mapping, None) its parameters.
+- ``colocation_check`` (str or None, "measured"): the interference model the filter asks
+  whether a pair can co-run at all (see the feasibility rules); None turns the check off. The
+  measured table knows the Gavel job types only; for other jobs its fallback is finite, so they
+  pass. When it names the same model as ``interference``, that instance (and its parameters)
+  is used.
 """
 
 from __future__ import annotations
@@ -94,6 +104,7 @@ framework_defaults: dict[str, Any] = {
     "weights": None,
     "interference": None,
     "interference_params": None,
+    "colocation_check": "measured",
 }
 
 
@@ -263,6 +274,10 @@ class WorkingView:
         # Per spec id: idle count -> node orders with that many idle GPUs (sorted).
         self.idle_buckets: dict[int, dict[int, list[int]]] = {}
         self.failures: dict[tuple[Any, ...], str] = {}
+        # Co-run feasibility per (job type key, shared pool key), and the shared pools the
+        # last filter call rejected for it: (GPUs, text naming the pair).
+        self.co_run_ok: dict[tuple[Any, ...], bool] = {}
+        self.co_run_rejected: list[tuple[int, str]] = []
         order = 0
         for n_order, node_state in enumerate(state.nodes):
             node = WorkNode(node_state, n_order)
@@ -439,6 +454,13 @@ class FrameworkPolicy(Policy):
             self.interference = build_interference(
                 p["interference"], **dict(p.get("interference_params") or {})
             )
+        self.colocation_check: InterferenceModel | None = None
+        check = p.get("colocation_check")
+        if self.colocate and check and check != "none":
+            if self.interference is not None and check == p.get("interference"):
+                self.colocation_check = self.interference
+            else:
+                self.colocation_check = build_interference(str(check))
 
     # -- the cycle -----------------------------------------------------------------------------
 
@@ -498,6 +520,7 @@ class FrameworkPolicy(Policy):
             job.cpus,
             self.allowed_models(job),
             self.feasibility_key(job),
+            job_type_key(job) if self.colocation_check is not None and job.gpus == 1 else None,
         )
 
     def feasibility_key(self, job: JobSpec) -> Any:
@@ -672,6 +695,7 @@ class FrameworkPolicy(Policy):
         if not self.colocate:
             return out
         limit = int(self.params.get("max_jobs_per_gpu", 2))
+        view.co_run_rejected = []
         for key, pool in view.shared_pools.items():
             sid, mode, residents, committed, _mig_used = key
             spec = view.specs[sid]
@@ -684,10 +708,38 @@ class FrameworkPolicy(Policy):
                     continue
             elif len(residents) >= limit or spec.memory_mb - committed < need:
                 continue
+            if not self._co_run_ok(job, key, pool[0], view):
+                view.co_run_rejected.append(
+                    (len(pool), f"{job_type_key(job)} with {' + '.join(residents)} on {spec.model}")
+                )
+                continue
             gpu = view.first_with_cores(pool, cpus)
             if gpu is not None:
                 out.append(Candidate(gpu.node, (gpu,), mode, mig, pool))
         return out
+
+    def _co_run_ok(
+        self, job: JobSpec, key: tuple[Any, ...], gpu: WorkGpu, view: WorkingView
+    ) -> bool:
+        """Whether ``job`` may join the residents of the shared pool ``key`` (``gpu`` is one of
+        its GPUs): no infinite predicted slowdown for it or for any resident. Cached per cycle
+        by job type and pool key; residents of one pool have the same job types."""
+        model = self.colocation_check
+        if model is None or not gpu.jobs:
+            return True
+        cache_key = (job_type_key(job), key)
+        ok = view.co_run_ok.get(cache_key)
+        if ok is None:
+            residents = gpu.jobs
+            mode = gpu.mode or SharingMode.MPS
+            ok = math.isfinite(model.slowdown(job, residents, gpu.spec, mode))
+            for i, resident in enumerate(residents):
+                if not ok:
+                    break
+                others = [*residents[:i], *residents[i + 1 :], job]
+                ok = math.isfinite(model.slowdown(resident, others, gpu.spec, mode))
+            view.co_run_ok[cache_key] = ok
+        return ok
 
     def no_fit_reason(self, job: JobSpec, view: WorkingView) -> str:
         """Why ``job`` has no candidate, with the numbers that matter."""
@@ -744,6 +796,14 @@ class FrameworkPolicy(Policy):
                 text += "; no shared GPU below its job limit"
             else:
                 text += f"; most free on a shared GPU below its job limit: {gb(most)} GB"
+            rejected = view.co_run_rejected if job.gpus == 1 else []
+            if rejected:
+                gpus = sum(n for n, _ in rejected)
+                model_name = self.colocation_check.name if self.colocation_check else "?"
+                text += (
+                    f"; {gpus} shared GPU(s) with room rejected because the pair cannot co-run "
+                    f"({model_name} interference: infeasible, e.g. {rejected[0][1]})"
+                )
             mig_free = [
                 view.specs[key[0]].mig_total_slices - key[4]
                 for key in view.shared_pools

@@ -105,3 +105,111 @@ def test_snapshot_is_not_modified():
     before = repr(state)
     build_policy("binpack").schedule(state, random.Random(0))
     assert repr(state) == before
+
+
+# -- co-location filter: pairs that cannot co-run are not candidates -----------------------------
+
+RN50_128 = "ResNet-50 (batch size 128)"  # measured infeasible next to Transformer-256 on V100
+TF_256 = "Transformer (batch size 256)"
+RN18_16, RN18_32 = "ResNet-18 (batch size 16)", "ResNet-18 (batch size 32)"  # feasible pair
+CO_LOCATING = ("binpack", "loadbalance", "random", "mystic")
+
+
+def _one_shared_v100(resident_type, pending, idle_gpus=0):
+    resident = job("r", 2, job_type=resident_type)
+    shared, running = busy_gpu("n0", 0, "V100", [resident], SharingMode.MPS)
+    return ClusterState(
+        0.0,
+        (gpu_node("n0", "V100", 1 + idle_gpus, gpus={0: shared}),),
+        pending=tuple(pending),
+        running=tuple(running),
+    )
+
+
+def test_infeasible_pair_is_not_a_candidate_and_the_job_waits_with_the_reason():
+    state = _one_shared_v100(RN50_128, [job("t", 2, job_type=TF_256)])
+    for name in CO_LOCATING:
+        plan = build_policy(name).schedule(state, random.Random(0))
+        check_plan(state, plan)
+        assert not plan.decisions, name
+        reason = plan.waiting["t"]
+        assert "cannot co-run" in reason and "infeasible" in reason, reason
+        assert TF_256 in reason and RN50_128 in reason
+
+
+def test_infeasible_pair_goes_to_an_idle_gpu_instead():
+    # binpack prefers the fuller (shared) GPU, loadbalance and mystic the idle one anyway;
+    # all must end on the idle GPU 1.
+    state = _one_shared_v100(RN50_128, [job("t", 2, job_type=TF_256)], idle_gpus=1)
+    for name in CO_LOCATING:
+        plan = build_policy(name).schedule(state, random.Random(0))
+        assert [d.placement.gpu_indices for d in plan.decisions] == [(1,)], name
+
+
+class _FragileNextToAnyone:
+    """A one-sided interference model: a job of type "fragile" cannot run next to anything;
+    every other job does not mind."""
+
+    name = "fragile"
+
+    def slowdown(self, job, co_runners, gpu, mode):
+        return float("inf") if co_runners and job.job_type == "fragile" else 1.0
+
+
+def test_the_check_asks_the_residents_side_too(monkeypatch):
+    from scheduler import interference
+
+    monkeypatch.setitem(interference.INTERFERENCE_MODELS, "fragile", _FragileNextToAnyone)
+    policy = build_policy("binpack", {"colocation_check": "fragile"})
+    # The newcomer would not mind, but the resident cannot take a co-runner.
+    state = _one_shared_v100("fragile", [job("n", 2, job_type="sturdy")])
+    plan = policy.schedule(state, random.Random(0))
+    assert not plan.decisions and "cannot co-run" in plan.waiting["n"]
+    # The other way round too; and two sturdy jobs share.
+    state = _one_shared_v100("sturdy", [job("n", 2, job_type="fragile")])
+    assert not policy.schedule(state, random.Random(0)).decisions
+    state = _one_shared_v100("sturdy", [job("n", 2, job_type="sturdy2")])
+    assert policy.schedule(state, random.Random(0)).decisions
+
+
+def test_feasible_pair_still_co_locates_and_the_check_can_be_turned_off():
+    state = _one_shared_v100(RN18_16, [job("x", 2, job_type=RN18_32)])
+    (d,) = build_policy("binpack").schedule(state, random.Random(0)).decisions
+    assert d.placement.gpu_indices == (0,)
+    state = _one_shared_v100(RN50_128, [job("t", 2, job_type=TF_256)])
+    plan = build_policy("binpack", {"colocation_check": None}).schedule(state, random.Random(0))
+    assert [d.placement.gpu_indices for d in plan.decisions] == [(0,)]
+
+
+def test_two_infeasible_newcomers_are_not_paired_within_one_cycle():
+    # Two ResNet-50 (bs 128) on one idle V100: the first takes it, the second must not join.
+    state = ClusterState(
+        0.0, (gpu_node("n0", "V100", 1),),
+        pending=(job("a", 2, job_type=RN50_128), job("b", 2, job_type=RN50_128)),
+    )
+    plan = build_policy("binpack").schedule(state, random.Random(0))
+    assert [d.placement.job_id for d in plan.decisions] == ["a"]
+    assert "cannot co-run" in plan.waiting["b"]
+
+
+def test_binpack_replay_has_no_oom_cascade():
+    """A long ResNet-50 (bs 128) holds one V100; Transformer (bs 256) jobs arrive. Without the
+    filter binpack packs each next to it, the co-run is killed, requeued and packed there again."""
+    from scheduler.cluster_spec import parse_cluster_spec
+    from scheduler.interference import build_interference
+    from scheduler.simulator import simulate
+
+    cluster = parse_cluster_spec(
+        {"nodes": [{"name": "v", "count": 1, "gpu_model": "V100", "gpus_per_node": 2}]}
+    )
+
+    def gavel_job(i, job_type, solo, arrival):
+        return JobSpec(id=str(i), arrival_s=arrival, job_type=job_type,
+                       profile=Profile(job_type, gpu_time_s={"V100": solo}))
+
+    jobs = [gavel_job(0, RN50_128, 1000.0, 0.0)]
+    jobs += [gavel_job(i, TF_256, 100.0, 10.0 * i) for i in range(1, 6)]
+    result = simulate(cluster, jobs, build_policy("binpack"),
+                      interference=build_interference("measured"))
+    assert result.oom_count == 0
+    assert all(r.end_reason == "completed" for r in result.jobs)
