@@ -1,5 +1,7 @@
-"""Cosched portal: the Django project (settings, urls, Celery app) and its apps."""
+"""Cosched portal: the Django project (settings, urls, Celery app) and its apps.
 
-from portal.celery import app as celery_app
-
-__all__ = ("celery_app",)
+Importing ``portal`` stays light on purpose: the ``cosched`` CLI (``portal.cli``) lives here and
+must run without Django or Celery. Django processes load the Celery app in
+``portal.core.apps.CoreConfig.ready``; the ``celery -A portal`` command finds it in
+``portal.celery`` by itself.
+"""

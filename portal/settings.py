@@ -82,6 +82,12 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = Path(envstr("STATIC_ROOT", str(BASE_DIR / "staticfiles")))
+# Development (DEBUG, the embedded default and the tests): WhiteNoise serves straight from the
+# finders (static/ and the apps) and looks at STATIC_ROOT per request, so no collectstatic is
+# needed. A deployment (DEBUG off) serves only the collected STATIC_ROOT, and WhiteNoise's
+# "No directory at" warning then means collectstatic was not run.
+WHITENOISE_USE_FINDERS = DEBUG
+WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "jobs"
 LOGOUT_REDIRECT_URL = "login"

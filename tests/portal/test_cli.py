@@ -83,6 +83,20 @@ def test_the_cli_module_needs_no_django(tmp_path):
     assert "no API token" in done.stderr
 
 
+def test_importing_the_cli_through_the_package_loads_neither_django_nor_celery():
+    """``import portal.cli`` (what the console script does) keeps the portal package light."""
+    code = (
+        "import sys, portal.cli\n"
+        "print(sorted(m for m in ('django', 'celery', 'rest_framework') if m in sys.modules))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_yaml_and_json_job_files_load(tmp_path):
     yaml_file = tmp_path / "job.yaml"
     yaml_file.write_text(JOB_YAML)

@@ -52,3 +52,99 @@ def test_check_deploy_warns_about_the_embedded_defaults(tmp_path):
     )
     assert result.returncode != 0
     assert "security.W018" in result.stdout + result.stderr  # DEBUG on
+
+
+def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in {"DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL", "REDIS_URL"}
+    }
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "portal.settings", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+STATIC_PROBE = """
+import warnings
+warnings.simplefilter("always")
+import django
+django.setup()
+from django.test import Client
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    response = Client().get("/static/css/cosched.css")
+print(response.status_code)
+print(sum(1 for w in caught if "No directory at" in str(w.message)))
+"""
+
+
+def test_development_serves_static_files_without_collectstatic_or_warning(tmp_path):
+    """DEBUG on (the embedded default): CSS comes from static/ and a missing STATIC_ROOT is
+    not worth a warning."""
+    done = _python(
+        STATIC_PROBE,
+        {"STATIC_ROOT": str(tmp_path / "never-collected"), "COSCHED_DATA_DIR": str(tmp_path)},
+    )
+    assert done.returncode == 0, done.stderr
+    status, warned = done.stdout.split()
+    assert (status, warned) == ("200", "0"), done.stdout + done.stderr
+
+
+def test_a_deployment_without_collectstatic_still_warns(tmp_path):
+    """DEBUG off: only the collected STATIC_ROOT is served, so its absence is reported."""
+    done = _python(
+        STATIC_PROBE,
+        {
+            "SECRET_KEY": secrets.token_urlsafe(50),
+            "DEBUG": "0",
+            "ALLOWED_HOSTS": "testserver",
+            "SECURE_SSL_REDIRECT": "0",
+            "STATIC_ROOT": str(tmp_path / "never-collected"),
+            "COSCHED_DATA_DIR": str(tmp_path),
+        },
+    )
+    assert done.returncode == 0, done.stderr
+    status, warned = done.stdout.split()
+    assert status == "404" and int(warned) >= 1, done.stdout + done.stderr
+
+
+def test_django_processes_load_the_configured_celery_app(tmp_path):
+    """The Celery app is loaded by Django's app registry (not by ``import portal``), so a web
+    process enqueues to REDIS_URL rather than to Celery's built-in default app."""
+    code = (
+        "import sys, django\n"
+        "import portal\n"
+        "print('portal.celery' in sys.modules)\n"
+        "django.setup()\n"
+        "from celery import current_app\n"
+        "print('portal.celery' in sys.modules, current_app.main, current_app.conf.broker_url)\n"
+    )
+    redis_url = "redis://127.0.0.1:6379/9"
+    done = _python(code, {"REDIS_URL": redis_url, "COSCHED_DATA_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    before, after = done.stdout.strip().splitlines()
+    assert before == "False"
+    assert after == f"True cosched {redis_url}"
+
+
+def test_celery_command_line_finds_the_app_with_dash_a_portal(tmp_path):
+    """``celery -A portal ...`` (docker-compose.yml) finds the app in portal.celery."""
+    celery = Path(sys.executable).parent / "celery"
+    clean = {k: v for k, v in os.environ.items() if k not in {"REDIS_URL", "DATABASE_URL"}}
+    redis_url = "redis://127.0.0.1:6379/9"
+    done = subprocess.run(
+        [str(celery), "-A", "portal", "report"],
+        cwd=ROOT,
+        env={**clean, "REDIS_URL": redis_url, "COSCHED_DATA_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"CELERY_BROKER_URL: '{redis_url}'" in done.stdout
