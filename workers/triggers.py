@@ -23,6 +23,11 @@ def set_local_waker(waker: Callable[[str], None] | None) -> None:
     _waker = waker
 
 
+def has_local_waker() -> bool:
+    """True inside the embedded loop's process (in-process agents can be reached)."""
+    return _waker is not None
+
+
 def _kick(reason: str) -> None:
     if _waker is not None:
         _waker(reason)

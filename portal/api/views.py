@@ -213,6 +213,55 @@ class JobViewSet(
         return Response(JobSerializer(job, context=self.get_serializer_context()).data)
 
 
+    def _control(self, request: Request, verb: str) -> Response:
+        job = self.get_object()
+        actor = f"user:{request.user.get_username()}"
+        service = services.job_pause if verb == "pause" else services.job_resume
+        try:
+            job = service(job, actor=actor, message=f"{verb}d by {actor}")
+        except IllegalTransition as exc:
+            needed = "RUNNING" if verb == "pause" else "PAUSED"
+            return Response(
+                {
+                    "detail": f"job {job.pk} is {exc.current}: only a {needed} job can be {verb}d",
+                    "state": exc.current,
+                },
+                status=status.HTTP_409_CONFLICT,
+            )
+        job = selectors.job_for_user(request.user, job.pk)
+        return Response(JobSerializer(job, context=self.get_serializer_context()).data)
+
+    @extend_schema(
+        summary="Pause a running job",
+        description=(
+            "Stops a RUNNING job's processes (SIGSTOP) on its node; it keeps its placement and "
+            "GPU memory. Any other state is a 409; another user's job a 404."
+        ),
+        request=None,
+        responses={
+            200: JobSerializer,
+            404: ErrorSerializer,
+            409: OpenApiResponse(CancelConflictSerializer, description="the job is not RUNNING"),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: str | None = None) -> Response:
+        return self._control(request, "pause")
+
+    @extend_schema(
+        summary="Resume a paused job",
+        description="Continues a PAUSED job (SIGCONT). Any other state is a 409.",
+        request=None,
+        responses={
+            200: JobSerializer,
+            404: ErrorSerializer,
+            409: OpenApiResponse(CancelConflictSerializer, description="the job is not PAUSED"),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str | None = None) -> Response:
+        return self._control(request, "resume")
+
 @extend_schema_view(
     list=extend_schema(
         summary="List profiles (approved ones; staff: all)",

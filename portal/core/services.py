@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -206,6 +207,39 @@ def job_cancel(job: Job, *, actor: str, message: str = "cancelled") -> Job:
     except ImportError:
         return job
     transaction.on_commit(lambda: triggers.on_job_cancelled(job.pk))
+    return job
+
+
+def _control_after_commit(job: Job, verb: str) -> None:
+    """Tell the node running ``job`` to ``pause`` / ``resume`` it, once the row is committed."""
+    placement = job.placements.filter(active=True).select_related("node").first()
+    if placement is None:
+        return
+    node = placement.node.name
+    try:
+        from workers import dispatch, triggers
+    except ImportError:
+        return
+
+    def send() -> None:
+        if triggers.has_local_waker() or not settings.CELERY_TASK_ALWAYS_EAGER:
+            dispatch.control(node, job.pk, verb)
+
+    transaction.on_commit(send)
+
+
+def job_pause(job: Job, *, actor: str, message: str = "paused") -> Job:
+    """Pause a RUNNING job (SIGSTOP on its node; it keeps its GPU memory and placement).
+    Any other state raises ``IllegalTransition``."""
+    job = job_transition(job, JobState.PAUSED, actor=actor, message=message, expected="RUNNING")
+    _control_after_commit(job, "pause")
+    return job
+
+
+def job_resume(job: Job, *, actor: str, message: str = "resumed") -> Job:
+    """Resume a PAUSED job (SIGCONT on its node). Any other state raises ``IllegalTransition``."""
+    job = job_transition(job, JobState.RUNNING, actor=actor, message=message, expected="PAUSED")
+    _control_after_commit(job, "resume")
     return job
 
 
