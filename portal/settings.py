@@ -66,6 +66,12 @@ TEMPLATES = [
 
 _default_db = f"sqlite:///{DATA_DIR / 'cosched.sqlite3'}"
 DATABASES = {"default": dj_database_url.parse(envstr("DATABASE_URL", _default_db), conn_max_age=60)}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # The embedded default writes from the web threads and the in-process loop: wait for the
+    # lock instead of failing, and let readers go on while one thread writes.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {"timeout": 30, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+    )
 if envstr("TEST_DB_NAME"):  # lets parallel test runs on one server use separate databases
     DATABASES["default"]["TEST"] = {"NAME": envstr("TEST_DB_NAME")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
