@@ -67,6 +67,7 @@ TEMPLATES = [
 _default_db = f"sqlite:///{DATA_DIR / 'cosched.sqlite3'}"
 DATABASES = {"default": dj_database_url.parse(envstr("DATABASE_URL", _default_db), conn_max_age=60)}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     # The embedded default writes from the web threads and the in-process loop: wait for the
     # lock instead of failing, and let readers go on while one thread writes.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
