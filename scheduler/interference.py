@@ -152,6 +152,39 @@ def _load_colocation(path: str) -> tuple[dict[tuple[str, str, str], float], dict
     return table, medians
 
 
+@functools.lru_cache(maxsize=4)
+def _signatures(path: str) -> dict[str, tuple[float, ...]]:
+    table, _ = _load_colocation(path)
+    gpu_types = sorted({g for g, _, _ in table})
+    job_types = sorted({j for _, j, _ in table})
+    out = {}
+    for job in job_types:
+        out[job] = tuple(
+            1.0 / s if math.isfinite(s) and s > 0 else 0.0
+            for s in (
+                table.get((g, job, other), math.nan) for g in gpu_types for other in job_types
+            )
+            if not math.isnan(s)
+        )
+    return out
+
+
+def colocation_signature(
+    job_type: str | None, path: str | Path = GAVEL_COLOCATION_CSV
+) -> tuple[float, ...] | None:
+    """The measured co-location signature of a Gavel job type, or None if it was not measured.
+
+    For every measured GPU type and every measured co-runner type (both sorted by name), the
+    job type's normalised throughput next to that co-runner (co-located / solo throughput,
+    ``norm`` in ``colocation.csv``; 0 where the pair is infeasible). Two job types with close
+    signatures are slowed down by the same co-runners, i.e. they lean on the same resources:
+    ``mystic`` uses it as the metric vector of jobs whose profile has no metrics.
+    """
+    if job_type is None:
+        return None
+    return _signatures(str(path)).get(job_type)
+
+
 class MeasuredInterference:
     """Pairwise slowdowns measured by Gavel (``measured``; ``data/gavel/colocation.csv``).
 

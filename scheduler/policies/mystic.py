@@ -6,10 +6,22 @@ utilisation, host-to-device and device-to-host throughput, global load and store
 Each metric is normalised by its largest value among the jobs of the snapshot (pending and
 running), so every component lies in 0..1; a missing metric counts as 0.
 
+Jobs whose profile has none of these metrics (every job of a Gavel trace: the trace gives a
+job type and run times only) use what was measured for their job type instead: its co-location
+signature (``scheduler.interference.colocation_signature``), i.e. its normalised throughput next
+to each measured job type on each measured GPU (Gavel ``colocation.csv``). Mystic itself fills an
+unknown application's metric vector from a few measurements and compares apps by it; the
+signature is the measurement we have for these jobs, and two job types with close signatures
+are slowed down by the same co-runners, i.e. lean on the same resources. A profile vector and a
+signature are not comparable (different quantities): such a pair counts as unknown. Without
+this fallback every Gavel job is "unknown", all shared GPUs tie at ``1 - unknown_similarity``
+and mystic makes exactly loadbalance's choices (idle GPU first, then the first shared GPU in
+cluster order), which is what the philly scenario showed before.
+
 A single-GPU job goes to the GPU whose residents are least similar to it: the score is
 ``1 - max cosine similarity`` to the jobs on the GPU. An idle GPU has nothing to be similar to
 (score 1) and is taken first; metric vectors are non-negative, so a shared GPU never scores
-above an idle one. A job, or a resident, with no metric at all has similarity
+above an idle one. A job, or a resident, with no vector at all has similarity
 ``unknown_similarity``. Co-located jobs run under the GPU's best sharing mode (MPS if supported,
 else time-slicing). Queue order is kept; multi-GPU jobs take idle GPUs exclusively, CPU jobs the
 first CPU node that fits.
@@ -17,6 +29,8 @@ first CPU node that fits.
 Parameters (besides the framework's):
 
 - ``unknown_similarity`` (0..1, 0.5): similarity assumed when a vector is missing.
+- ``measured_signatures`` (bool, True): use the measured co-location signature of a job's
+  ``job_type`` when its profile has no metrics (see above); False: such jobs are unknown.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ import math
 from typing import Any, ClassVar
 
 from scheduler.domain import ClusterState, JobSpec, Profile
+from scheduler.interference import colocation_signature
 from scheduler.policies.base import PolicyError
 from scheduler.policies.framework import (
     Candidate,
@@ -72,7 +87,11 @@ def cosine(a: tuple[float, ...], b: tuple[float, ...]) -> float | None:
 
 class MysticPolicy(FrameworkPolicy):
     name: ClassVar[str] = "mystic"
-    defaults: ClassVar[dict[str, Any]] = {**framework_defaults, "unknown_similarity": 0.5}
+    defaults: ClassVar[dict[str, Any]] = {
+        **framework_defaults,
+        "unknown_similarity": 0.5,
+        "measured_signatures": True,
+    }
     colocate: ClassVar[bool] = True
     scorers: ClassVar[tuple[str, ...]] = ("dissimilarity",)
 
@@ -82,8 +101,10 @@ class MysticPolicy(FrameworkPolicy):
         if not 0.0 <= u <= 1.0:
             raise PolicyError(f"policy 'mystic': unknown_similarity must be in 0..1, got {u}")
         self._vectors: dict[str, tuple[float, ...] | None] = {}
+        self._signatures: dict[str, tuple[float, ...] | None] = {}
         self._scale: tuple[float, ...] = ()
         self._similarity: dict[tuple[str, str], float] = {}
+        self._kind: dict[tuple[str, str], str] = {}
 
     def begin_cycle(self, state: ClusterState, view: WorkingView) -> None:
         """Normalise the metric vectors of this snapshot's jobs by each metric's maximum."""
@@ -96,6 +117,7 @@ class MysticPolicy(FrameworkPolicy):
         scale = tuple(max((v[i] for v in known), default=0.0) or 1.0 for i in range(len(METRICS)))
         self._scale = scale
         self._similarity = {}
+        self._kind = {}
         self._vectors = {
             k: None if v is None else tuple(x / s for x, s in zip(v, scale, strict=True))
             for k, v in raws.items()
@@ -112,18 +134,40 @@ class MysticPolicy(FrameworkPolicy):
             )
         return self._vectors[key]
 
+    def signature(self, job: JobSpec) -> tuple[float, ...] | None:
+        """The measured co-location signature of ``job``'s type, if it has no profile metrics
+        and ``measured_signatures`` is on (see the module docstring)."""
+        key = job_type_key(job)
+        if key not in self._signatures:
+            sig = None
+            if self.params["measured_signatures"] and raw_vector(job.profile) is None:
+                sig = colocation_signature(job.job_type)
+            self._signatures[key] = sig
+        return self._signatures[key]
+
     def similarity(self, a: JobSpec, b: JobSpec) -> float:
-        """Cosine similarity (0..1) of two jobs' normalised vectors, or ``unknown_similarity``
-        (memoised per pair of job types within a cycle)."""
+        """Cosine similarity (0..1) of two jobs' normalised profile vectors, else of their
+        measured co-location signatures, else ``unknown_similarity`` (memoised per pair of job
+        types within a cycle)."""
         key = (job_type_key(a), job_type_key(b))
         cached = self._similarity.get(key)
         if cached is not None:
             return cached
         va, vb = self.vector(a), self.vector(b)
+        kind = "profile metrics"
+        if va is None and vb is None:
+            va, vb = self.signature(a), self.signature(b)
+            kind = "measured co-location signatures"
         sim = None if va is None or vb is None else cosine(va, vb)
         value = float(self.params["unknown_similarity"]) if sim is None else sim
         self._similarity[key] = value
+        self._kind[key] = "" if sim is None else kind
         return value
+
+    def similarity_basis(self, a: JobSpec, b: JobSpec) -> str:
+        """What ``similarity(a, b)`` was computed from (for explanations; "" if assumed)."""
+        self.similarity(a, b)
+        return self._kind[(job_type_key(a), job_type_key(b))]
 
     def score_dissimilarity(self, job: JobSpec, cand: Candidate, view: WorkingView) -> float:
         """1 - the highest similarity to a resident (1 for an idle GPU or a CPU node)."""
@@ -145,10 +189,12 @@ class MysticPolicy(FrameworkPolicy):
         else:
             sim = 1.0 - chosen.score
             shared = [c for c in cands if c.residents]
-            why = (
-                f"least similar residents, cosine similarity {sim:.2f} "
-                f"(lowest of {len(shared)} shared-GPU groups)"
+            closest = max(chosen.residents, key=lambda r: self.similarity(job, r))
+            basis = self.similarity_basis(job, closest)
+            how = f"cosine similarity {sim:.2f} of {basis}" if basis else (
+                f"similarity {sim:.2f} assumed (no comparable metric vectors)"
             )
+            why = f"least similar residents, {how} (lowest of {len(shared)} shared-GPU groups)"
         return (
             f"placed {where} {self.residents_text(chosen)}: {why}, among {n} GPUs that fit; "
             f"{self.fit_text(job, chosen)}{self.interference_text(job, chosen)}"

@@ -63,3 +63,64 @@ def test_cosine():
     assert cosine((1.0, 0.0), (0.0, 1.0)) == 0.0
     assert cosine((1.0, 1.0), (2.0, 2.0)) == pytest.approx(1.0)
     assert cosine((0.0, 0.0), (1.0, 0.0)) is None
+
+
+# -- jobs without profile metrics: the measured co-location signature of their job type --------
+
+RN18_16 = "ResNet-18 (batch size 16)"
+RN50_64 = "ResNet-50 (batch size 64)"
+A3C = "A3C"
+
+
+def _gavel_shared(resident_types, newcomer_type):
+    """One V100 per resident type (profile-less Gavel jobs under MPS) and one pending job."""
+    gpus, running = {}, []
+    for i, t in enumerate(resident_types):
+        g, run = busy_gpu("n0", i, "V100", [job(f"r{i}", 1, job_type=t)], SharingMode.MPS)
+        gpus[i] = g
+        running += run
+    return ClusterState(
+        0.0,
+        (gpu_node("n0", "V100", len(resident_types), gpus=gpus),),
+        pending=(job("new", 1, job_type=newcomer_type),),
+        running=tuple(running),
+    )
+
+
+def test_gavel_jobs_avoid_their_own_type_where_loadbalance_takes_the_first_gpu():
+    # Same type first in cluster order: its signature is identical (similarity 1), so mystic
+    # goes to the other GPU; loadbalance has no utilisation for these jobs and takes GPU 0.
+    for same, other in ((RN18_16, A3C), (A3C, RN50_64), (RN50_64, RN18_16)):
+        state = _gavel_shared([same, other], same)
+        (d,) = _plan(state).decisions
+        assert d.placement.gpu_indices == (1,), (same, other)
+        assert "measured co-location signatures" in d.explanation
+        lb = build_policy("loadbalance").schedule(state, random.Random(0))
+        assert lb.decisions[0].placement.gpu_indices == (0,)
+
+
+def test_signature_similarity_ranks_the_residents():
+    from scheduler.interference import colocation_signature
+
+    types = [RN18_16, A3C, RN50_64]
+    newcomer = "Transformer (batch size 32)"
+    sims = [cosine(colocation_signature(t), colocation_signature(newcomer)) for t in types]
+    (d,) = _plan(_gavel_shared(types, newcomer)).decisions
+    assert d.placement.gpu_indices == (sims.index(min(sims)),)
+
+
+def test_measured_signatures_off_gives_the_old_tie():
+    state = _gavel_shared([RN18_16, A3C], RN18_16)
+    (d,) = _plan(state, measured_signatures=False).decisions
+    assert d.placement.gpu_indices == (0,)
+    assert "assumed" in d.explanation
+
+
+def test_colocation_signature():
+    from scheduler.interference import colocation_signature
+
+    sig = colocation_signature(RN18_16)
+    assert sig is not None and len(sig) == 3 * 26  # 3 GPU types x 26 co-runner types
+    assert all(0.0 <= x <= 1.5 for x in sig)
+    assert 0.0 in colocation_signature("ResNet-50 (batch size 128)")  # infeasible pairs
+    assert colocation_signature("no such type") is None and colocation_signature(None) is None
