@@ -1,0 +1,167 @@
+"""REST API latency: ``POST /api/v1/jobs/`` and ``GET /api/v1/jobs/?page=1``.
+
+Set-up, all real: a scratch PostgreSQL database (migrated), gunicorn serving ``portal.wsgi`` with
+2 sync workers and DEBUG off, Redis db 14 (flushed before and after) as REDIS_URL so every
+submission queues its scheduling trigger on the broker as in a deployment (no worker consumes
+it here: this measures the web path only). One user with a named API token (``cos_...``, the
+kind CI pipelines use). One client on the same machine sends requests one after another over
+keep-alive HTTP (``requests``); latency is the client's wall time per request, response read.
+
+Full run: 500 submissions, then 100 list requests with ~500 jobs in the table; ``--quick``: 50
+and 20. A few warm-up requests (not counted) let each gunicorn worker load Django first.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from benchmarks._servers import (
+    free_port,
+    gunicorn,
+    manage,
+    percentile,
+    portal_env,
+    scratch_database,
+)
+
+DATABASE_NAME = "cosched_bench_api"
+REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
+WARM_UP = 6  # enough for both gunicorn workers to have served a request each
+
+CREATE_USER = """
+from django.contrib.auth import get_user_model
+from portal.front.services import token_create
+user = get_user_model().objects.create_user("bench", "bench@example.org", "bench-pass-123")
+token, key = token_create(user, name="api-latency benchmark")
+print(key)
+"""
+
+
+def _flush_redis(url: str) -> None:
+    import redis
+
+    redis.Redis.from_url(url).flushdb()
+
+
+def _timed(call: Callable[[], Any], count: int) -> tuple[list[float], float]:
+    """Call ``call`` ``count`` times; per-call latencies (ms) and the total wall time (s)."""
+    latencies = []
+    started = time.perf_counter()
+    for _ in range(count):
+        before = time.perf_counter()
+        call()
+        latencies.append((time.perf_counter() - before) * 1000)
+    return latencies, time.perf_counter() - started
+
+
+def _figures(latencies_ms: list[float], wall_s: float) -> dict[str, float]:
+    return {
+        "requests": len(latencies_ms),
+        "p50_ms": percentile(latencies_ms, 50),
+        "p95_ms": percentile(latencies_ms, 95),
+        "p99_ms": percentile(latencies_ms, 99),
+        "mean_ms": statistics.fmean(latencies_ms),
+        "max_ms": max(latencies_ms),
+        "requests_per_s": len(latencies_ms) / wall_s,
+    }
+
+
+def _print_table(rows: dict[str, dict[str, float]], jobs_in_table: int) -> None:
+    print(
+        f"{'request':<34} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+        f"{'req/s':>7}"
+    )
+    for label, row in rows.items():
+        print(
+            f"{label:<34} {row['requests']:>5} {row['p50_ms']:>8.1f} {row['p95_ms']:>8.1f} "
+            f"{row['p99_ms']:>8.1f} {row['max_ms']:>8.1f} {row['requests_per_s']:>7.1f}"
+        )
+    print(
+        f"(sequential, one client, gunicorn 2 sync workers, PostgreSQL; "
+        f"{jobs_in_table} jobs in the table at the end)"
+    )
+
+
+def run(quick: bool = False) -> dict:
+    """Measure the API; returns p50/p95/p99 (ms) and requests/s for POST and GET."""
+    import requests
+
+    posts = 50 if quick else 500
+    gets = 20 if quick else 100
+    _flush_redis(REDIS_URL)
+    try:
+        with scratch_database(DATABASE_NAME) as database_url:
+            env = portal_env(database_url, REDIS_URL)
+            manage(["migrate", "--noinput"], env)
+            key = manage(["shell", "-c", CREATE_USER], env).stdout.strip().splitlines()[-1]
+            with gunicorn(env, free_port(), workers=2) as server, requests.Session() as session:
+                session.headers["Authorization"] = f"Token {key}"
+                jobs_url = f"{server.url}/api/v1/jobs/"
+                number = iter(range(1, 10**9))
+
+                def submit() -> None:
+                    i = next(number)
+                    body = {"name": f"bench-{i}", "command": "sleep 1", "gpus": 0, "cpus": 1}
+                    response = session.post(jobs_url, json=body, timeout=30)
+                    if response.status_code != 201:
+                        raise RuntimeError(
+                            f"POST {jobs_url} -> {response.status_code}: {response.text[:500]}"
+                        )
+
+                def list_first_page() -> None:
+                    response = session.get(jobs_url, params={"page": 1}, timeout=30)
+                    if response.status_code != 200 or not response.json().get("results"):
+                        raise RuntimeError(
+                            f"GET {jobs_url}?page=1 -> {response.status_code}: "
+                            f"{response.text[:500]}"
+                        )
+
+                _timed(submit, WARM_UP)
+                _timed(list_first_page, WARM_UP)
+                post = _figures(*_timed(submit, posts))
+                jobs_in_table = session.get(jobs_url, timeout=30).json()["count"]
+                get = _figures(*_timed(list_first_page, gets))
+                queued = _queued_triggers(REDIS_URL)
+    finally:
+        _flush_redis(REDIS_URL)
+
+    rows = {
+        "POST /api/v1/jobs/": post,
+        f"GET /api/v1/jobs/?page=1 ({jobs_in_table} jobs)": get,
+    }
+    _print_table(rows, jobs_in_table)
+    print(f"scheduling triggers waiting on the broker afterwards: {queued}")
+    return {
+        "post_jobs": post,
+        "get_jobs_page_1": get,
+        "jobs_in_table": jobs_in_table,
+        "broker_messages_after": queued,
+        "client": f"requests (sequential, keep-alive), Python {platform.python_version()}",
+        "summary": {
+            "POST /api/v1/jobs/ p50 ms": post["p50_ms"],
+            "POST /api/v1/jobs/ p95 ms": post["p95_ms"],
+            "POST /api/v1/jobs/ p99 ms": post["p99_ms"],
+            "POST /api/v1/jobs/ requests/s (1 client)": post["requests_per_s"],
+            f"GET /api/v1/jobs/?page=1 p50 ms ({jobs_in_table} jobs)": get["p50_ms"],
+            "GET /api/v1/jobs/?page=1 p95 ms": get["p95_ms"],
+        },
+    }
+
+
+def _queued_triggers(url: str) -> int:
+    """Messages left in the broker's queues (what the submissions enqueued, coalesced or not)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    return sum(client.llen(key) for key in client.scan_iter() if client.type(key) == b"list")
+
+
+if __name__ == "__main__":
+    import sys
+
+    run(quick="--quick" in sys.argv)
