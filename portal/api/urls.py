@@ -5,7 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from portal.api import schema, views  # noqa: F401  (schema registers the auth extension)
+from portal.api import dashboard, schema, views  # noqa: F401  (schema registers the auth extension)
 
 router = DefaultRouter()
 router.register("jobs", views.JobViewSet, basename="job")
@@ -15,6 +15,14 @@ router.register("gpus", views.GpuViewSet, basename="gpu")
 
 urlpatterns = [
     path("v1/me/", views.me, name="api-me"),
+    path("v1/dashboard/cluster/", dashboard.cluster_overview, name="api-dashboard-cluster"),
+    path("v1/dashboard/cluster/series/", dashboard.cluster_series, name="api-cluster-series"),
+    path("v1/dashboard/gpus/series/", dashboard.gpus_series, name="api-gpus-series"),
+    path("v1/dashboard/jobs/series/", dashboard.jobs_series, name="api-jobs-series"),
+    path("v1/dashboard/interference/", dashboard.interference_heatmap, name="api-interference"),
+    path("v1/gpus/<int:pk>/series/", dashboard.gpu_series, name="api-gpu-series"),
+    path("v1/jobs/<int:pk>/series/", dashboard.job_series, name="api-job-series"),
+    path("v1/jobs/<int:pk>/log/", dashboard.job_log, name="api-job-log"),
     path("v1/", include(router.urls)),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
