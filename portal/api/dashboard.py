@@ -95,6 +95,7 @@ class NodeLiveSerializer(serializers.Serializer):
     heartbeat_age_s = serializers.FloatField(allow_null=True)
     gpus = GpuLiveSerializer(many=True)
     cpu_jobs = JobRefSerializer(many=True, help_text="jobs placed on the node without a GPU")
+    job_count = serializers.IntegerField(help_text="jobs placed on the node (any user)")
 
 
 class ClusterOverviewSerializer(serializers.Serializer):
@@ -226,7 +227,10 @@ def _job_ref(placement: Placement, user: Any, latest: dict[int, dict]) -> dict[s
     }
 
 
-def _overview_nodes(nodes: list[Node], user: Any, now: datetime) -> list[dict[str, Any]]:
+def overview_nodes(nodes: list[Node], user: Any, now: datetime) -> list[dict[str, Any]]:
+    """Live view of ``nodes`` (GPUs prefetched) for ``user``: per GPU the latest utilisation and
+    memory and the jobs placed on it, per node its CPU jobs; the privacy rule applied. Shared by
+    the overview endpoint and the cluster page's first render."""
     node_ids = [n.pk for n in nodes]
     placements = list(
         Placement.objects.filter(active=True, node_id__in=node_ids, job__state__in=list(PLACED))
@@ -239,7 +243,9 @@ def _overview_nodes(nodes: list[Node], user: Any, now: datetime) -> list[dict[st
     latest = metrics.metrics_latest(gpu_ids=gpu_ids, job_ids=visible_job_ids)
     by_gpu: dict[int, list[dict]] = {}
     by_node_cpu: dict[int, list[dict]] = {}
+    job_count: dict[int, int] = {}
     for p in placements:
+        job_count[p.node_id] = job_count.get(p.node_id, 0) + 1
         ref = _job_ref(p, user, latest["jobs"])
         gpus = p.gpus.all()
         for gpu in gpus:
@@ -284,6 +290,7 @@ def _overview_nodes(nodes: list[Node], user: Any, now: datetime) -> list[dict[st
                 "heartbeat_age_s": (now - beat).total_seconds() if beat else None,
                 "gpus": gpus,
                 "cpu_jobs": by_node_cpu.get(node.pk, []),
+                "job_count": job_count.get(node.pk, 0),
             }
         )
     return out
@@ -345,7 +352,7 @@ def cluster_overview(request: Request) -> Response:
         "count": paginator.page.paginator.count,
         "next": paginator.get_next_link(),
         "previous": paginator.get_previous_link(),
-        "results": _overview_nodes(list(page), request.user, now),
+        "results": overview_nodes(list(page), request.user, now),
     }
     return Response(ClusterOverviewSerializer(body).data)
 

@@ -10,9 +10,11 @@ from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.core import selectors
+from portal.core.models import Job, Node
 from portal.core.services import IdempotencyConflict, job_cancel, job_submit
 from portal.core.states import IllegalTransition, JobState
 from portal.front import profile_metrics
@@ -199,14 +201,33 @@ def profile_detail(request: HttpRequest, profile_id: int) -> HttpResponse:
 
 @login_required
 def cluster(request: HttpRequest) -> HttpResponse:
-    nodes = selectors.nodes_with_gpus()
+    from portal.api.dashboard import BACKEND_LABELS, overview_nodes
+
+    nodes = list(selectors.nodes_with_gpus())
+    live = {n["id"]: n for n in overview_nodes(nodes, request.user, timezone.now())}
+    for node in nodes:  # the live view rides on the rows the template already walks
+        node.live = live[node.pk]
+        live_gpus = {g["id"]: g for g in node.live["gpus"]}
+        for gpu in node.gpus.all():
+            gpu.live = live_gpus.get(gpu.pk)
+    counts = dict(
+        Job.objects.filter(state__in=[JobState.PENDING, JobState.RUNNING])
+        .order_by()
+        .values_list("state")
+        .annotate(n=Count("id"))
+    )
     return render(
         request,
         "front/cluster.html",
         {
             "nodes": nodes,
             "gpu_count": sum(len(node.gpus.all()) for node in nodes),
-            "backends": sorted({node.backend for node in nodes if node.kind == "gpu"}),
+            "backends": sorted(
+                {BACKEND_LABELS.get(n.backend, n.backend) for n in nodes if n.kind == "gpu"}
+            ),
+            "nodes_down": [n for n in nodes if n.status == Node.Status.DOWN],
+            "queue_length": counts.get(JobState.PENDING, 0),
+            "running_jobs": counts.get(JobState.RUNNING, 0),
         },
     )
 

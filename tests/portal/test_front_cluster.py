@@ -1,4 +1,5 @@
-"""The cluster page: registered nodes and GPUs, the GPU backend named as what it is."""
+"""The cluster page: nodes and GPUs, the GPU backend named as what it is, live values and
+jobs (other users' jobs anonymous), down nodes, plot containers; the job page's live parts."""
 
 from __future__ import annotations
 
@@ -35,3 +36,86 @@ def test_lists_nodes_and_their_gpus(client, alice):
 def test_an_empty_cluster_says_how_nodes_appear(client, alice):
     client.force_login(alice)
     assert "No nodes registered" in client.get("/cluster/").content.decode()
+
+
+def _live_cluster(alice, bob):
+    from django.utils import timezone
+
+    from portal.core.metrics import Sample, metrics_record
+    from portal.core.models import Job, Placement
+
+    node = Node.objects.create(name="gpu-v", kind="gpu", cores=8, backend="virtual")
+    gpu = Gpu.objects.create(node=node, index=0, model="V100", memory_mb=16384, current_mode="mps")
+    Node.objects.create(name="gpu-gone", kind="gpu", status="down", backend="nvml")
+    mine = Job.objects.create(owner=alice, name="alice-train", gpus=1, state="RUNNING")
+    theirs = Job.objects.create(owner=bob, name="bob-secret", gpus=1, state="RUNNING")
+    Job.objects.create(owner=bob, name="queued", gpus=1)
+    for job in (mine, theirs):
+        Placement.objects.create(job=job, node=node, sharing_mode="mps", policy="fifo").gpus.add(
+            gpu
+        )
+    metrics_record([Sample("util_pct", 73.0, timezone.now(), gpu_id=gpu.pk)])
+    return mine
+
+
+@pytest.fixture
+def _local_metrics(settings):
+    from portal.core import metrics
+
+    settings.REDIS_URL = ""
+    metrics.metrics_store_clear()
+    yield
+    metrics.metrics_store_clear()
+
+
+def test_dashboard_shows_live_values_jobs_and_down_nodes(client, alice, bob, _local_metrics):
+    mine = _live_cluster(alice, bob)
+    client.force_login(alice)
+    html = client.get("/cluster/").content.decode()
+    assert "virtual GPU (simulated)" in html
+    assert 'id="stat-queue">1<' in html and 'id="stat-running">2<' in html
+    assert 'id="down-nodes"' in html and "gpu-gone" in html and 'class="node-down"' in html
+    assert "73%" in html
+    assert f'href="/jobs/{mine.pk}/">#{mine.pk} alice-train</a>' in html
+    assert "another user&#x27;s job" in html and "bob-secret" not in html
+    for plot in ("gpu-util", "gpu-memory", "job-slowdown", "sd-max-diff", "interference"):
+        assert f'id="plot-{plot}" data-points="0"' in html
+    assert "No metrics yet: no job has run" in html
+    assert "/static/js/plotly.min.js" in html and "/static/js/dashboard.js" in html
+
+
+def test_staff_see_every_job_on_the_dashboard(client, alice, bob, staff, _local_metrics):
+    _live_cluster(alice, bob)
+    client.force_login(staff)
+    html = client.get("/cluster/").content.decode()
+    assert "bob-secret" in html and "alice-train" in html
+    assert "another user" not in html
+
+
+def test_no_down_banner_and_no_scripts_without_nodes(client, alice):
+    client.force_login(alice)
+    html = client.get("/cluster/").content.decode()
+    assert 'id="down-nodes" hidden' in html
+    assert "plotly.min.js" not in html
+
+
+def test_job_page_has_live_log_and_slowdown_plot(client, alice, bob):
+    from portal.core.models import Job
+
+    job = Job.objects.create(owner=alice, name="train", gpus=1)
+    client.force_login(alice)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert 'id="plot-job-slowdown" data-points="0"' in html and 'id="job-log"' in html
+    assert f'data-url-job-log="/api/v1/jobs/{job.pk}/log/"' in html
+    assert 'id="job-state">PENDING<' in html
+    assert "No metrics yet: the job has not run." in html
+    client.force_login(bob)
+    assert client.get(f"/jobs/{job.pk}/").status_code == 404
+
+
+def test_plotly_is_served_from_our_static_files(client, alice):
+    client.force_login(alice)
+    response = client.get("/static/js/plotly.min.js")
+    assert response.status_code == 200
+    body = b"".join(response.streaming_content) if response.streaming else response.content
+    assert b"plotly.js v" in body[:200]

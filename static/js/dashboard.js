@@ -1,0 +1,221 @@
+// Live dashboard: polls the JSON endpoints named in #dashboard's data-url-* attributes every
+// data-poll-ms milliseconds and redraws the plots (plotly.js, served from our static files) and
+// the live cells. Each plot container gets data-points="N" (points drawn) after each update.
+// Pages work without it: the server renders the tables; only the plots need JavaScript.
+(function () {
+  "use strict";
+  var root = document.getElementById("dashboard");
+  if (!root) return;
+  var page = root.dataset.page;
+  var pollMs = parseInt(root.dataset.pollMs, 10) || 5000;
+  var hasPlotly = typeof window.Plotly !== "undefined";
+  var TERMINAL = ["COMPLETED", "FAILED", "CANCELLED"];
+  var COLORS = ["#2f5bd3", "#d9822b", "#1d7a46", "#c0352b", "#7b4fc9", "#0f8b8d", "#9a6200",
+    "#e0529c", "#4a5365", "#6c9a1f"];
+
+  function getJSON(url) {
+    return fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (r) {
+        if (!r.ok) throw new Error(url + ": HTTP " + r.status);
+        return r.json();
+      });
+  }
+
+  function el(id) { return document.getElementById(id); }
+
+  function setText(id, text) {
+    var node = el(id);
+    if (node && node.textContent !== text) node.textContent = text;
+  }
+
+  function fmt(value, digits) {
+    return value === null || value === undefined ? "—" : Number(value).toFixed(digits);
+  }
+
+  function fmtMb(mb) {
+    if (mb === null || mb === undefined) return "—";
+    return mb >= 1024 ? (mb / 1024).toFixed(1) + " GB" : Math.round(mb) + " MB";
+  }
+
+  function baseLayout(yTitle, extra) {
+    var layout = {
+      margin: { l: 55, r: 15, t: 10, b: 40 },
+      height: 280,
+      xaxis: { type: "date" },
+      yaxis: { title: { text: yTitle }, rangemode: "tozero" },
+      legend: { orientation: "h", y: -0.2 },
+      paper_bgcolor: "rgba(0,0,0,0)",
+      plot_bgcolor: "rgba(0,0,0,0)",
+      font: { size: 12 }
+    };
+    Object.keys(extra || {}).forEach(function (k) { layout[k] = extra[k]; });
+    return layout;
+  }
+
+  var CONFIG = { displaylogo: false, responsive: true };
+
+  // Draws traces in the container `id`, or shows its empty state when there is nothing to draw.
+  function draw(id, traces, layout) {
+    var node = el(id);
+    if (!node) return;
+    var points = traces.reduce(function (n, t) { return n + (t.z ? t.z.length * t.z[0].length : t.x.length); }, 0);
+    var empty = el(id + "-empty");
+    if (empty) empty.hidden = points > 0;
+    node.hidden = points === 0 && !!empty;
+    if (hasPlotly && points > 0) window.Plotly.react(node, traces, layout, CONFIG);
+    node.dataset.points = String(points);
+  }
+
+  function lineTraces(body, opts) {
+    return body.series.filter(function (s) { return s.points > 0; }).map(function (s, i) {
+      var trace = {
+        x: s.t, y: s.v, name: s.label, type: "scatter", mode: s.points > 1 ? "lines" : "markers",
+        line: { width: 1.8, color: COLORS[i % COLORS.length] }, marker: { color: COLORS[i % COLORS.length] }
+      };
+      if (opts && opts[s.metric]) Object.keys(opts[s.metric]).forEach(function (k) { trace[k] = opts[s.metric][k]; });
+      return trace;
+    });
+  }
+
+  function jobRefsHtml(refs) {
+    if (!refs.length) return '<span class="muted">idle</span>';
+    return refs.map(function (r) {
+      var state = '<span class="state state-' + r.state.toLowerCase() + '">' + r.state + "</span>";
+      var sd = r.slowdown === null ? "" : ' <span class="muted small">SD ' + fmt(r.slowdown, 2) + "</span>";
+      var name = r.id === null ? escapeHtml(r.name)
+        : '<a href="/jobs/' + r.id + '/">#' + r.id + " " + escapeHtml(r.name) + "</a>";
+      return '<span class="job-ref' + (r.id === null ? " job-ref-other" : "") + '">' + name + " " + state + sd + "</span>";
+    }).join("");
+  }
+
+  function escapeHtml(text) {
+    return String(text).replace(/[&<>"']/g, function (c) {
+      return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c];
+    });
+  }
+
+  // -- cluster page ------------------------------------------------------------------------------
+
+  function updateOverview(body) {
+    setText("stat-queue", String(body.queue_length));
+    setText("stat-running", String(body.running_jobs));
+    setText("stat-down", String(body.nodes_down.length));
+    setText("stat-sd-max-diff", fmt(body.sd_max_diff, 2));
+    var box = el("stat-down-box");
+    if (box) box.classList.toggle("stat-alert", body.nodes_down.length > 0);
+    var banner = el("down-nodes");
+    if (banner) banner.hidden = body.nodes_down.length === 0;
+    setText("down-nodes-list", body.nodes_down.join(", "));
+    body.results.forEach(function (node) {
+      var row = document.querySelector('#nodes-table tr[data-node-id="' + node.id + '"]');
+      if (row) {
+        row.classList.toggle("node-down", node.status === "down");
+        var status = row.querySelector(".js-node-status");
+        status.className = "status status-node-" + node.status + " js-node-status";
+        status.textContent = node.status.charAt(0).toUpperCase() + node.status.slice(1);
+        row.querySelector(".js-node-heartbeat").textContent = node.heartbeat_age_s === null
+          ? "none yet" : Math.round(node.heartbeat_age_s) + " s ago";
+        row.querySelector(".js-node-jobs").textContent = String(node.job_count);
+      }
+      var cpuJobs = document.querySelector('.js-node-cpu-jobs[data-node-id="' + node.id + '"]');
+      if (cpuJobs) cpuJobs.innerHTML = jobRefsHtml(node.cpu_jobs);
+      node.gpus.forEach(function (gpu) {
+        var tr = document.querySelector('tr[data-gpu-id="' + gpu.id + '"]');
+        if (!tr) return;
+        tr.querySelector(".js-gpu-util").textContent = gpu.util_pct === null ? "—" : Math.round(gpu.util_pct) + "%";
+        tr.querySelector(".js-gpu-mem").textContent = fmtMb(gpu.memory_used_mb);
+        tr.querySelector(".js-gpu-jobs").innerHTML = jobRefsHtml(gpu.jobs);
+      });
+    });
+  }
+
+  function pollCluster() {
+    var d = root.dataset;
+    return Promise.all([
+      getJSON(d.urlOverview).then(updateOverview),
+      getJSON(d.urlGpuUtil).then(function (b) {
+        draw("plot-gpu-util", lineTraces(b), baseLayout("utilisation (%)", { yaxis: { title: { text: "utilisation (%)" }, range: [0, 105] } }));
+      }),
+      getJSON(d.urlGpuMemory).then(function (b) {
+        draw("plot-gpu-memory", lineTraces(b), baseLayout("memory used (MB)"));
+      }),
+      getJSON(d.urlJobSlowdown).then(function (b) {
+        draw("plot-job-slowdown", lineTraces(b), baseLayout("Slow-Down"));
+      }),
+      getJSON(d.urlClusterSeries).then(function (b) {
+        var traces = lineTraces(b, { queue_length: { yaxis: "y2", line: { width: 1.2, dash: "dot", color: "#667085" } } });
+        draw("plot-sd-max-diff", traces, baseLayout("SD_max_diff", {
+          yaxis2: { title: { text: "jobs queued" }, overlaying: "y", side: "right", rangemode: "tozero" }
+        }));
+      })
+    ]);
+  }
+
+  function drawInterference() {
+    return getJSON(root.dataset.urlInterference).then(function (b) {
+      setText("interference-source", b.model + " · " + b.source);
+      setText("interference-note", b.note + " Running GPU jobs per class: " + b.classes.map(function (c) {
+        return c + " " + b.running_by_class[c];
+      }).join(", ") + ".");
+      draw("plot-interference", [{
+        type: "heatmap", z: b.matrix, x: b.labels, y: b.labels, colorscale: "YlOrRd", zmin: 1,
+        texttemplate: "%{z:.2f}", hovertemplate: "%{y} next to %{x}: %{z:.2f}<extra></extra>",
+        colorbar: { title: { text: "slowdown" } }
+      }], {
+        margin: { l: 170, r: 20, t: 10, b: 90 }, height: 340,
+        xaxis: { title: { text: "co-runner" } }, yaxis: { title: { text: "job" }, autorange: "reversed" },
+        paper_bgcolor: "rgba(0,0,0,0)", font: { size: 12 }
+      });
+    });
+  }
+
+  // -- job page ------------------------------------------------------------------------------------
+
+  var jobState = root.dataset.jobState;
+
+  function pollJob() {
+    var d = root.dataset;
+    return Promise.all([
+      getJSON(d.urlJob).then(function (job) {
+        jobState = job.state;
+        var badge = el("job-state");
+        if (badge && badge.textContent !== job.state) {
+          badge.textContent = job.state;
+          badge.className = "state state-" + job.state.toLowerCase();
+        }
+      }),
+      getJSON(d.urlJobSlowdown).then(function (b) {
+        var slowdown = b.series.filter(function (s) { return s.metric === "slowdown"; });
+        var progress = b.series.filter(function (s) { return s.metric === "progress"; })[0];
+        draw("plot-job-slowdown", lineTraces({ series: slowdown }), baseLayout("Slow-Down"));
+        if (progress && progress.points) setText("job-progress", Math.round(100 * progress.v[progress.v.length - 1]) + " %");
+      }),
+      getJSON(d.urlJobLog).then(function (log) {
+        var pre = el("job-log");
+        var source = { live: "live from the node agent", file: "from the log file", none: "" }[log.source];
+        setText("job-log-source", source);
+        var text = log.text || (log.source === "none" ? "No output yet." : "");
+        if (pre.textContent !== text) {
+          var atBottom = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+          pre.textContent = text;
+          pre.dataset.lines = String(text ? text.split("\n").length : 0);
+          if (atBottom) pre.scrollTop = pre.scrollHeight;
+        }
+      })
+    ]);
+  }
+
+  // -- loop ----------------------------------------------------------------------------------------
+
+  var poll = page === "cluster" ? pollCluster : pollJob;
+  function tick() {
+    poll().catch(function (err) { if (window.console) console.warn("dashboard:", err); })
+      .then(function () {
+        // A finished job's page stops polling after one last refresh.
+        if (page === "job" && TERMINAL.indexOf(jobState) >= 0) return;
+        window.setTimeout(tick, document.hidden ? pollMs * 4 : pollMs);
+      });
+  }
+  if (page === "cluster") drawInterference().catch(function (err) { if (window.console) console.warn(err); });
+  tick();
+})();
