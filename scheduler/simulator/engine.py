@@ -19,7 +19,10 @@ Execution model (docs/simulator.md has the long version):
   (or one MIG instance) outgrow it, the growing job is OOM-killed: failed or requeued.
 - The policy is called after each batch of simultaneous events that includes an arrival, a
   completion, a failure, or a periodic tick, with a ``ClusterState`` snapshot. Its plan is
-  validated (``PolicyDecisionError``) and applied: actions first, then decisions.
+  validated (``PolicyDecisionError``) and applied: actions first, then decisions. Ticks come
+  every ``SimConfig.reschedule_interval_s``, else every ``policy.tick_interval_s`` if the
+  policy has that attribute (execution plans that watch running jobs). Applied PAUSE / RESUME
+  actions are logged in ``Simulator.action_log`` and appended to the job's explanation.
 """
 
 from __future__ import annotations
@@ -233,6 +236,8 @@ class Simulator:
         self.events = 0
         self.policy_calls = 0
         self.ignored_actions = 0
+        # Applied PAUSE / RESUME actions: (time, kind, job id, explanation).
+        self.action_log: list[tuple[float, str, str, str]] = []
         self.latencies: list[float] = []
         self.timeline: list[TimelinePoint] = []
         self.samples: list[SlowdownSample] = []
@@ -262,7 +267,11 @@ class Simulator:
         wall0 = time.perf_counter()
         for job in self.jobs:
             self._push(job.spec.arrival_s, _ARRIVAL, job)
-        interval = self.config.reschedule_interval_s
+        # A policy that must look at running jobs periodically (an execution plan) asks for
+        # ticks with a ``tick_interval_s`` attribute; the config's interval wins if set.
+        interval = self.config.reschedule_interval_s or getattr(
+            self.policy, "tick_interval_s", None
+        )
         if interval:
             self._push(interval, _TICK, None)
         self.sample_interval = self.config.sample_interval_s or self._auto_sample_interval()
@@ -691,6 +700,9 @@ class Simulator:
         self.touched_jobs.add(job)
         self.touched_gpus.update(job.gpus)
         self.rj_dirty.add(job)
+        self.action_log.append((self.now, str(kind), job.spec.id, action.explanation))
+        if action.explanation:
+            job.explanation = f"{job.explanation}; {action.explanation}"
         return True
 
     def _apply_decision(self, pl: Placement, explanation: str) -> None:
