@@ -145,6 +145,7 @@
       getJSON(d.urlClusterSeries).then(function (b) {
         var traces = lineTraces(b, { queue_length: { yaxis: "y2", line: { width: 1.2, dash: "dot", color: "#667085" } } });
         draw("plot-sd-max-diff", traces, baseLayout("SD_max_diff", {
+          margin: { l: 55, r: 55, t: 10, b: 40 },
           yaxis2: { title: { text: "jobs queued" }, overlaying: "y", side: "right", rangemode: "tozero" }
         }));
       })
@@ -158,7 +159,7 @@
         return c + " " + b.running_by_class[c];
       }).join(", ") + ".");
       draw("plot-interference", [{
-        type: "heatmap", z: b.matrix, x: b.labels, y: b.labels, colorscale: "YlOrRd", zmin: 1,
+        type: "heatmap", z: b.matrix, x: b.labels, y: b.labels, colorscale: "YlOrRd", reversescale: true, zmin: 1,
         texttemplate: "%{z:.2f}", hovertemplate: "%{y} next to %{x}: %{z:.2f}<extra></extra>",
         colorbar: { title: { text: "slowdown" } }
       }], {
