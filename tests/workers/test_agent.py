@@ -469,18 +469,32 @@ def test_launches_from_worker_threads_while_the_sampler_ticks(alice, node, agent
     assert all(JobEvent.objects.filter(job=j, to_state="RUNNING").count() == 1 for j in jobs)
 
 
-def test_the_node_agent_command_fails_clearly_without_nvml(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env["COSCHED_DATA_DIR"] = str(tmp_path)
-    result = subprocess.run(
-        [sys.executable, "manage.py", "node_agent", "--name", "g1", "--backend", "nvml"],
+def _node_agent(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """``manage.py node_agent ARGS`` in a subprocess (no broker, no database unless given)."""
+    base = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    return subprocess.run(
+        [sys.executable, "manage.py", "node_agent", *args],
         cwd=Path(__file__).resolve().parents[2],
-        env=env,
+        env={**base, "COSCHED_DATA_DIR": str(tmp_path), **env},
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def _one_line_error(result: subprocess.CompletedProcess) -> str:
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and "Traceback" not in result.stderr
-    assert "NVML" in lines[0]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    return lines[0]
+
+
+def test_the_node_agent_command_fails_clearly_without_nvml(tmp_path):
+    # This machine has no NVIDIA driver: NVML cannot load (the real pynvml, no fake here).
+    line = _one_line_error(_node_agent(tmp_path, "--name", "g1", "--backend", "nvml"))
+    assert "NVML is not available" in line and "--backend virtual" in line
+
+
+def test_the_node_agent_command_needs_a_broker(tmp_path):
+    line = _one_line_error(_node_agent(tmp_path, "--name", "v1", "--gpus", "T4"))
+    assert "needs a broker" in line and "REDIS_URL" in line

@@ -18,7 +18,8 @@ hours of training. If the agent comes back before the node-lost timeout
 (``COSCHED_NODE_DOWN_AFTER_S``), ``register`` requeues the jobs it no longer follows and kills
 their leftover processes; if it does not, the scheduler marks the node down and requeues them.
 
-Exit codes: 0 after a clean shutdown, 2 on a usage, backend (e.g. NVML missing) or broker problem.
+Exit codes: the Celery worker's after a shutdown (0 after SIGTERM, 1 after SIGINT, as
+``celery worker``); 2 on a usage, backend (e.g. NVML missing) or broker problem.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import sys
 import threading
 from typing import Any
 
+from celery.utils.nodenames import host_format
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import close_old_connections
 
+from scheduler.interference import INTERFERENCE_MODELS, InterferenceError, build_interference
 from workers.gpu import GpuBackend, GpuBackendError, open_backend
 
 log = logging.getLogger("workers.agent")
@@ -55,6 +58,12 @@ class Command(BaseCommand):
             "--gpus",
             help='virtual GPU models, e.g. "A30x2" or "V100x2,T4" (virtual backend only; '
             "default A30x2 on a GPU node)",
+        )
+        parser.add_argument(
+            "--interference",
+            choices=sorted(INTERFERENCE_MODELS),
+            default="class_based",
+            help="model slowing co-located jobs on virtual GPUs (virtual backend only)",
         )
         parser.add_argument("--kind", choices=["gpu", "cpu"], default="gpu")
         parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
@@ -88,10 +97,10 @@ class Command(BaseCommand):
         )
         node = agent.register()
         register_local(agent)
-        gpus = node.gpus.count()
+        models = list(node.gpus.order_by("index").values_list("model", flat=True))
+        gpus = f"GPUs {', '.join(models)} ({opts['backend']} backend)" if models else "no GPU"
         self.stdout.write(
-            f"node {name}: {opts['kind']}, {gpus} GPU(s) on the {opts['backend']} backend, "
-            f"{opts['cores']} cores; queue node.{name}"
+            f"node {name}: {opts['kind']}, {gpus}, {opts['cores']} cores; queue node.{name}"
         )
 
         stop = threading.Event()
@@ -103,7 +112,7 @@ class Command(BaseCommand):
             queues=[f"node.{name}"],
             pool="threads",
             concurrency=opts["concurrency"],
-            hostname=f"agent-{name}@%h",
+            hostname=host_format(f"agent-{name}@%h"),
             loglevel="INFO",
             redirect_stdouts=False,
         )
@@ -128,13 +137,18 @@ class Command(BaseCommand):
             return None
         try:
             if opts["backend"] == "virtual":
-                backend = open_backend("virtual", models=opts["gpus"] or "A30x2", node=name)
+                backend = open_backend(
+                    "virtual",
+                    models=opts["gpus"] or "A30x2",
+                    node=name,
+                    interference=build_interference(opts["interference"]),
+                )
             else:
                 backend = open_backend("nvml")
             if not backend.devices():
                 backend.close()
                 raise GpuBackendError(f"the {opts['backend']} backend sees no GPU on this node")
-        except GpuBackendError as exc:
+        except (GpuBackendError, InterferenceError) as exc:
             message = " ".join(str(exc).split())  # one line, whatever the backend wrote
             raise CommandError(f"node {name}: {message}", returncode=2) from None
         return backend
