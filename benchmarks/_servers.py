@@ -81,8 +81,12 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 def portal_env(database_url: str, redis_url: str = "", **extra: str) -> dict[str, str]:
     """Environment overrides for a production-like portal process: DEBUG off (no SQL query log,
-    no autoreload), a throw-away secret key, plain HTTP on 127.0.0.1, quiet logs."""
+    no autoreload), a throw-away secret key, plain HTTP on 127.0.0.1, quiet logs.
+
+    With DEBUG off, HTML pages need collected static files (the API does not): call
+    ``collect_static(env)`` once before serving pages."""
     env = {
+        "STATIC_ROOT": str(LOG_DIR / "staticfiles"),
         "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
         "SECRET_KEY": secrets.token_urlsafe(50),
@@ -203,6 +207,11 @@ def manage(
             f"manage.py {' '.join(args)} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
         )
     return done
+
+
+def collect_static(env: Mapping[str, str]) -> None:
+    """``manage.py collectstatic`` into the env's STATIC_ROOT (needed for pages with DEBUG off)."""
+    manage(["collectstatic", "--noinput", "--verbosity", "0"], env)
 
 
 def wait_http(url: str, timeout_s: float, process: subprocess.Popen[bytes] | None = None) -> None:
