@@ -439,6 +439,8 @@ class NodeAgent:
                     else (JobState.PAUSED, JobState.RUNNING)
                 )
                 verb = "paused" if pausing else "resumed"
+                if not self._owns(run):
+                    return
                 with contextlib.suppress(IllegalTransition):
                     job_transition(
                         Job(pk=job_id),
@@ -529,8 +531,9 @@ class NodeAgent:
         if target == "COMPLETED":
             self._record([_sample("progress", 1.0, job_id=run.job_id, node_id=self._node_id)])
         state = Job.objects.filter(pk=run.job_id).values_list("state", flat=True).first()
-        if state not in (JobState.RUNNING, JobState.PAUSED):
-            return False  # cancelled, requeued or already settled: not ours to change
+        if state not in (JobState.RUNNING, JobState.PAUSED) or not self._owns(run):
+            # Cancelled, requeued, settled, or running again elsewhere: not ours to change.
+            return False
         if run.killed:
             target, reason = "FAILED", f"killed by the node agent on {self.name} ({reason})"
         fields = {
@@ -560,6 +563,13 @@ class NodeAgent:
         except IllegalTransition:
             return False
         return True
+
+    @staticmethod
+    def _owns(run: _Run) -> bool:
+        """Is the run's placement still the job's active one (the row is this attempt's)?"""
+        from portal.core.models import Placement as PlacementRow
+
+        return PlacementRow.objects.filter(pk=run.placement_id, active=True).exists()
 
     def _forget(self, run: _Run) -> None:
         self._runs.pop(run.job_id, None)

@@ -286,6 +286,24 @@ def test_a_requeued_job_killed_by_the_scheduler_stays_pending(alice, node, agent
     assert job.state == "PENDING" and job.exit_code is None
 
 
+def test_a_late_kill_does_not_touch_the_jobs_next_attempt_elsewhere(alice, node, agent):
+    job = _job(alice, node, "sleep 30")
+    agent.launch(job.pk)
+    services.job_transition(job, "PENDING", actor="scheduler", message="preempted")
+    # The next cycle placed it on another node, which started it before our kill arrived.
+    other = Node.objects.create(name="other-node", kind="cpu")
+    Placement.objects.create(job=job, node=other, policy="test")
+    services.job_transition(job, "SCHEDULED", actor="scheduler")
+    services.job_transition(job, "RUNNING", actor="node:other-node")
+
+    agent.control(job.pk, "kill")
+    agent.tick()
+
+    job.refresh_from_db()
+    assert job.state == "RUNNING" and job.exit_code is None
+    assert job.placements.get(active=True).node == other
+
+
 def test_a_job_that_ends_while_marked_paused_is_completed(alice, node, agent):
     # The scheduler wrote PAUSED but the process finished before the pause reached the node.
     job = _job(alice, node, "sleep 0.3")
