@@ -647,7 +647,7 @@ class NodeAgent:
                     with contextlib.suppress(IllegalTransition):
                         state = Job.objects.filter(pk=run.job_id).values_list("state", flat=True)
                         current = state.first()
-                        if current in (JobState.RUNNING, JobState.PAUSED):
+                        if current in (JobState.RUNNING, JobState.PAUSED) and self._owns(run):
                             job_transition(
                                 Job(pk=run.job_id),
                                 JobState.PENDING,
