@@ -154,7 +154,7 @@ def _live_members(pgid: int, timeout: float = 3.0) -> list[int]:
         time.sleep(0.05)
 
 
-def _wait_state(pid: int, wanted: str, timeout: float = 3.0) -> str:
+def _wait_state(pid: int, wanted: str, timeout: float = 10.0) -> str:
     deadline = time.monotonic() + timeout
     state = _proc_state(pid)
     while state != wanted and time.monotonic() < deadline:
