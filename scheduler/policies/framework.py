@@ -24,6 +24,12 @@ nodes bucketed by their count of idle GPUs (multi-GPU jobs); and a per-cycle cac
 *shapes* (GPUs, memory per GPU in MB, cores, allowed models) that found no fit. Capacity only
 shrinks during a cycle, so a shape that did not fit, and any larger one, will not fit later.
 
+The view outlives the cycle: the next ``schedule`` call refreshes it, re-indexing only the nodes
+whose ``NodeState`` object changed or that a reservation touched (``WorkingView.refresh``), so a
+cycle on a large, mostly unchanged cluster costs what changed rather than the number of GPUs.
+Candidates are listed in cluster order, so a refreshed view and a fresh one give the same plan.
+A cycle with no pending job returns an empty plan at once.
+
 Feasibility rules (all policies built on this class):
 
 - Nodes that are not ``up`` get nothing.
@@ -260,70 +266,144 @@ class WorkingView:
     """
 
     def __init__(self, state: ClusterState, *, colocate: bool = True) -> None:
-        running = {r.job.id: r.job for r in state.running}
+        self.colocate = colocate
+        # Distinct GPU specs, indexed by a small integer id (specs are slow to hash). Every
+        # spec object met is kept alive in ``_spec_objs`` so its ``id()`` is never reused.
+        self.specs: list[GpuSpec] = []
+        self._sid_by_obj: dict[int, int] = {}
+        self._sid_by_spec: dict[GpuSpec, int] = {}
+        self._spec_objs: list[GpuSpec] = []
+        self._build(state)
+
+    def _build(self, state: ClusterState) -> None:
+        """Index the whole snapshot (the first cycle, or after the node list changed)."""
+        self.node_states: list[NodeState] = list(state.nodes)
         self.nodes: list[WorkNode] = []
         self.cpu_nodes: list[WorkNode] = []
         self.gpu_count = 0
-        # Distinct GPU specs, indexed by a small integer id (specs are slow to hash).
-        self.specs: list[GpuSpec] = []
-        sid_by_obj: dict[int, int] = {}
-        sid_by_spec: dict[GpuSpec, int] = {}
+        # GPU order = node order * stride + GPU index: cluster order, stable across cycles.
+        self.stride = max((len(n.gpus) for n in state.nodes), default=0) + 1
         # Pools of equivalent GPUs; every list sorted by ``WorkGpu.order``.
         self.idle_pools: dict[int, list[WorkGpu]] = {}
         self.shared_pools: dict[tuple[Any, ...], list[WorkGpu]] = {}
         # Per spec id: idle count -> node orders with that many idle GPUs (sorted).
         self.idle_buckets: dict[int, dict[int, list[int]]] = {}
+        self._running: dict[str, JobSpec] | None = None
+        self._state = state
+        for n_order, node_state in enumerate(state.nodes):
+            node = self._make_node(node_state, n_order)
+            self.nodes.append(node)
+            if node.kind == NodeKind.CPU:
+                self.cpu_nodes.append(node)
+        self.rebuilt_nodes = len(self.nodes)
+        self._new_cycle()
+
+    def _new_cycle(self) -> None:
         self.failures: dict[tuple[Any, ...], str] = {}
         # Co-run feasibility per (job type key, shared pool key), and the shared pools the
         # last filter call rejected for it: (GPUs, text naming the pair).
         self.co_run_ok: dict[tuple[Any, ...], bool] = {}
         self.co_run_rejected: list[tuple[int, str]] = []
-        order = 0
-        for n_order, node_state in enumerate(state.nodes):
-            node = WorkNode(node_state, n_order)
-            self.nodes.append(node)
-            if node.kind == NodeKind.CPU or not node_state.gpus:
-                if node.kind == NodeKind.CPU:
-                    self.cpu_nodes.append(node)
+        self.touched: set[int] = set()  # orders of the nodes ``reserve`` changed
+
+    def refresh(self, state: ClusterState) -> None:
+        """Make this view (used for an earlier cycle) a view of ``state``.
+
+        Nodes whose ``NodeState`` is the same object as last time, and that no reservation
+        changed, are kept as they are; the others are re-indexed. The simulator and the live
+        loop rebuild only the nodes that changed, so a cycle costs what changed, not the
+        cluster size. A different node list (names or order) is indexed from scratch.
+        """
+        nodes = state.nodes
+        old = self.node_states
+        self._running = None
+        self._state = state
+        if len(nodes) != len(old) or any(
+            a is not b and a.name != b.name for a, b in zip(nodes, old, strict=True)
+        ):
+            self._build(state)
+            return
+        self.rebuilt_nodes = 0
+        for n_order, node_state in enumerate(nodes):
+            if node_state is old[n_order] and n_order not in self.touched:
                 continue
-            self.gpu_count += len(node_state.gpus)
-            if not node.up:
-                continue
-            for gpu_state in node_state.gpus:
-                busy = bool(gpu_state.job_ids) or gpu_state.mig_slices_used > 0
-                if busy and (
-                    not colocate
-                    or gpu_state.mode is None
-                    or gpu_state.mode == SharingMode.EXCLUSIVE
-                ):
-                    continue  # cannot take a job this cycle
-                spec = gpu_state.spec
-                sid = sid_by_obj.get(id(spec))
-                if sid is None:
-                    sid = sid_by_spec.setdefault(spec, len(sid_by_spec))
-                    sid_by_obj[id(spec)] = sid
-                    if sid == len(self.specs):
-                        self.specs.append(spec)
-                if gpu_state.job_ids:
-                    jobs = [running.get(j) or JobSpec(id=j) for j in gpu_state.job_ids]
+            if len(node_state.gpus) >= self.stride:
+                self._build(state)
+                return
+            self._drop_node(n_order)
+            node = self._make_node(node_state, n_order)
+            if self.nodes[n_order].kind == NodeKind.CPU:
+                self.cpu_nodes.remove(self.nodes[n_order])
+            self.nodes[n_order] = node
+            if node.kind == NodeKind.CPU:
+                bisect.insort(self.cpu_nodes, node, key=lambda n: n.order)
+            old[n_order] = node_state
+            self.rebuilt_nodes += 1
+        self._new_cycle()
+
+    def _sid(self, spec: GpuSpec) -> int:
+        sid = self._sid_by_obj.get(id(spec))
+        if sid is None:
+            sid = self._sid_by_spec.setdefault(spec, len(self._sid_by_spec))
+            self._sid_by_obj[id(spec)] = sid
+            self._spec_objs.append(spec)
+            if sid == len(self.specs):
+                self.specs.append(spec)
+        return sid
+
+    def _resident(self, job_id: str) -> JobSpec:
+        if self._running is None:
+            self._running = {r.job.id: r.job for r in self._state.running}
+        return self._running.get(job_id) or JobSpec(id=job_id)
+
+    def _make_node(self, node_state: NodeState, n_order: int) -> WorkNode:
+        """A WorkNode for ``node_state`` with its usable GPUs indexed in the pools."""
+        node = WorkNode(node_state, n_order)
+        if node.kind == NodeKind.CPU or not node_state.gpus:
+            return node
+        self.gpu_count += len(node_state.gpus)
+        if not node.up:
+            return node
+        colocate = self.colocate
+        base = n_order * self.stride
+        for gpu_state in node_state.gpus:
+            busy = bool(gpu_state.job_ids) or gpu_state.mig_slices_used > 0
+            if busy and (
+                not colocate or gpu_state.mode is None or gpu_state.mode == SharingMode.EXCLUSIVE
+            ):
+                continue  # cannot take a job this cycle
+            sid = self._sid(gpu_state.spec)
+            jobs = [self._resident(j) for j in gpu_state.job_ids] if gpu_state.job_ids else []
+            gpu = WorkGpu(gpu_state, node, base + gpu_state.index, jobs, sid)
+            node.gpus.append(gpu)
+            if not busy and gpu.committed_mb <= 0:
+                gpu.pool_key = ("idle", sid)
+                pool = self.idle_pools.get(sid)
+                if pool is None:
+                    pool = self.idle_pools[sid] = []
+                if pool and pool[-1].order > gpu.order:
+                    bisect.insort(pool, gpu, key=lambda g: g.order)
                 else:
-                    jobs = []
-                gpu = WorkGpu(gpu_state, node, order, jobs, sid)
-                order += 1
-                node.gpus.append(gpu)
-                if not busy and gpu.committed_mb <= 0:
-                    # Fast path for the common case: nodes come in order, so append.
-                    gpu.pool_key = ("idle", sid)
-                    pool = self.idle_pools.get(sid)
-                    if pool is None:
-                        pool = self.idle_pools[sid] = []
                     pool.append(gpu)
-                    node.idle_by_sid[sid] = node.idle_by_sid.get(sid, 0) + 1
-                else:
-                    self._add_to_pool(gpu)
-            if node.gpus:
-                for sid, count in node.idle_by_sid.items():
-                    self.idle_buckets.setdefault(sid, {}).setdefault(count, []).append(n_order)
+                node.idle_by_sid[sid] = node.idle_by_sid.get(sid, 0) + 1
+            else:
+                self._add_to_pool(gpu)
+        for sid, count in node.idle_by_sid.items():
+            lst = self.idle_buckets.setdefault(sid, {}).setdefault(count, [])
+            if lst and lst[-1] > n_order:
+                bisect.insort(lst, n_order)
+            else:
+                lst.append(n_order)
+        return node
+
+    def _drop_node(self, n_order: int) -> None:
+        """Take node ``n_order``'s GPUs out of the pools and buckets."""
+        node = self.nodes[n_order]
+        state = self.node_states[n_order]
+        if node.kind != NodeKind.CPU and state.gpus:
+            self.gpu_count -= len(state.gpus)
+        for gpu in node.gpus:
+            self._remove_from_pool(gpu)
 
     def spec_pools(self) -> list[tuple[GpuSpec, list[WorkGpu]]]:
         """(spec, idle GPUs of it) for every spec with an idle pool."""
@@ -382,6 +462,7 @@ class WorkingView:
     def reserve(self, job: JobSpec, cand: Candidate) -> Placement:
         """Commit ``cand`` for ``job`` in the view and return its Placement."""
         node = cand.node
+        self.touched.add(node.order)
         if node.cores > 0:
             node.free_cores -= job.cpus
         need = job.memory_need_mb()
@@ -449,6 +530,9 @@ class FrameworkPolicy(Policy):
                 f"known: {', '.join(self.scorers) or 'none'}"
             )
         self.weights = {s: float(weights.get(s, 1.0)) for s in self.scorers}
+        # The working view is kept between cycles and refreshed (``WorkingView.refresh``):
+        # a policy object serves one scheduling loop at a time (not thread-safe).
+        self._view: WorkingView | None = None
         self.interference: InterferenceModel | None = None
         if p.get("interference"):
             self.interference = build_interference(
@@ -465,7 +549,15 @@ class FrameworkPolicy(Policy):
     # -- the cycle -----------------------------------------------------------------------------
 
     def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
-        view = WorkingView(state, colocate=self.colocate)
+        if not state.pending:
+            # Nothing to decide (the simulator calls on every completion): skip the view,
+            # whose construction is linear in the GPUs.
+            return Plan()
+        view = self._view
+        if view is None:
+            view = self._view = WorkingView(state, colocate=self.colocate)
+        else:
+            view.refresh(state)
         self.begin_cycle(state, view)
         decisions: list[Decision] = []
         waiting: dict[str, str] = {}
@@ -672,6 +764,7 @@ class FrameworkPolicy(Policy):
                 if node is not None:
                     gpus = tuple(g for g in node.gpus if g.idle and g.sid == sid)[:k]
                     out.append(Candidate(node, gpus, SharingMode.EXCLUSIVE))
+        out.sort(key=lambda c: c.order)  # cluster order, whatever the indexes' history
         return out
 
     def _single_gpu_candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
@@ -692,10 +785,14 @@ class FrameworkPolicy(Policy):
             gpu = view.first_with_cores(pool, cpus)
             if gpu is not None:
                 out.append(Candidate(gpu.node, (gpu,), mode, mig, pool))
+        # Candidates in cluster order (idle GPUs first, then shared ones), whatever the order
+        # the pools were created in: the same snapshot gives the same list.
+        out.sort(key=lambda c: c.order)
         if not self.colocate:
             return out
+        shared: list[Candidate] = []
+        rejected: list[tuple[int, int, str]] = []
         limit = int(self.params.get("max_jobs_per_gpu", 2))
-        view.co_run_rejected = []
         for key, pool in view.shared_pools.items():
             sid, mode, residents, committed, _mig_used = key
             spec = view.specs[sid]
@@ -709,14 +806,16 @@ class FrameworkPolicy(Policy):
             elif len(residents) >= limit or spec.memory_mb - committed < need:
                 continue
             if not self._co_run_ok(job, key, pool[0], view):
-                view.co_run_rejected.append(
-                    (len(pool), f"{job_type_key(job)} with {' + '.join(residents)} on {spec.model}")
-                )
+                pair = f"{job_type_key(job)} with {' + '.join(residents)} on {spec.model}"
+                rejected.append((pool[0].order, len(pool), pair))
                 continue
             gpu = view.first_with_cores(pool, cpus)
             if gpu is not None:
-                out.append(Candidate(gpu.node, (gpu,), mode, mig, pool))
-        return out
+                shared.append(Candidate(gpu.node, (gpu,), mode, mig, pool))
+        shared.sort(key=lambda c: c.order)
+        rejected.sort()
+        view.co_run_rejected = [(n, pair) for _, n, pair in rejected]
+        return out + shared
 
     def _co_run_ok(
         self, job: JobSpec, key: tuple[Any, ...], gpu: WorkGpu, view: WorkingView
