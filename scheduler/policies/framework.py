@@ -290,6 +290,9 @@ class WorkingView:
         self.idle_buckets: dict[int, dict[int, list[int]]] = {}
         self._running: dict[str, JobSpec] | None = None
         self._state = state
+        # Co-run feasibility per (job type key, spec id, mode, resident types); kept across
+        # cycles (see ``FrameworkPolicy._co_run_ok``).
+        self.co_run_ok: dict[tuple[Any, ...], bool] = {}
         for n_order, node_state in enumerate(state.nodes):
             node = self._make_node(node_state, n_order)
             self.nodes.append(node)
@@ -300,9 +303,7 @@ class WorkingView:
 
     def _new_cycle(self) -> None:
         self.failures: dict[tuple[Any, ...], str] = {}
-        # Co-run feasibility per (job type key, shared pool key), and the shared pools the
-        # last filter call rejected for it: (GPUs, text naming the pair).
-        self.co_run_ok: dict[tuple[Any, ...], bool] = {}
+        # The shared pools the last filter call rejected: (GPUs, text naming the pair).
         self.co_run_rejected: list[tuple[int, str]] = []
         self.touched: set[int] = set()  # orders of the nodes ``reserve`` changed
 
@@ -826,7 +827,9 @@ class FrameworkPolicy(Policy):
         model = self.colocation_check
         if model is None or not gpu.jobs:
             return True
-        cache_key = (job_type_key(job), key)
+        # (job type, spec id, mode, resident types): the model's inputs, so the answer holds
+        # across cycles as long as the view (and its spec ids) lives.
+        cache_key = (job_type_key(job), key[0], key[1], key[2])
         ok = view.co_run_ok.get(cache_key)
         if ok is None:
             residents = gpu.jobs

@@ -105,6 +105,8 @@ class MysticPolicy(FrameworkPolicy):
         self._scale: tuple[float, ...] = ()
         self._similarity: dict[tuple[str, str], float] = {}
         self._kind: dict[tuple[str, str], str] = {}
+        # Signature similarities do not depend on the snapshot: kept across cycles.
+        self._signature_similarity: dict[tuple[str, str], float | None] = {}
 
     def begin_cycle(self, state: ClusterState, view: WorkingView) -> None:
         """Normalise the metric vectors of this snapshot's jobs by each metric's maximum."""
@@ -156,9 +158,15 @@ class MysticPolicy(FrameworkPolicy):
         va, vb = self.vector(a), self.vector(b)
         kind = "profile metrics"
         if va is None and vb is None:
-            va, vb = self.signature(a), self.signature(b)
             kind = "measured co-location signatures"
-        sim = None if va is None or vb is None else cosine(va, vb)
+            if key in self._signature_similarity:
+                sim = self._signature_similarity[key]
+            else:
+                sa, sb = self.signature(a), self.signature(b)
+                sim = None if sa is None or sb is None else cosine(sa, sb)
+                self._signature_similarity[key] = sim
+        else:
+            sim = None if va is None or vb is None else cosine(va, vb)
         value = float(self.params["unknown_similarity"]) if sim is None else sim
         self._similarity[key] = value
         self._kind[key] = "" if sim is None else kind
