@@ -22,9 +22,17 @@ POLICIES: dict[str, str] = {
     "loadbalance": "scheduler.policies.loadbalance:LoadBalancePolicy",
     "random": "scheduler.policies.random_policy:RandomPolicy",
     "mystic": "scheduler.policies.mystic:MysticPolicy",
-    # Later: "placement_rate", "coscheml", "kscheduler", "sharing_mode", "slowdown_dr",
-    # "elastic" -> "scheduler.policies.<module>:<Class>".
+    "placement_rate": "scheduler.policies.placement_rate:PlacementRatePolicy",
+    "all_gpu": "scheduler.policies.all_gpu:AllGpuPolicy",
+    "exec_plan": "scheduler.policies.exec_plan:ExecPlanPolicy",
+    "placement_rate+exec_plan": "scheduler.policies.exec_plan:PlacementRateExecPlan",
+    "all_gpu+exec_plan": "scheduler.policies.exec_plan:AllGpuExecPlan",
+    # Later: "coscheml", "kscheduler", "sharing_mode", "slowdown_dr", "elastic".
 }
+
+#: ``<name>+exec_plan`` works for any registered placement policy ``name`` (the execution plan
+#: of seed 004 wrapped around it); the common ones are listed above.
+EXEC_PLAN_SUFFIX = "+exec_plan"
 
 
 def available_policies() -> list[str]:
@@ -35,6 +43,12 @@ def available_policies() -> list[str]:
 def policy_class(name: str) -> type[Policy]:
     """The class registered as ``name`` (imported on first use)."""
     path = POLICIES.get(name)
+    if path is None and name.endswith(EXEC_PLAN_SUFFIX):
+        base = name[: -len(EXEC_PLAN_SUFFIX)]
+        if base in POLICIES and not base.endswith("exec_plan"):
+            from scheduler.policies.exec_plan import exec_plan_over
+
+            return exec_plan_over(base)
     if path is None:
         raise PolicyError(f"unknown policy {name!r}; known: {', '.join(available_policies())}")
     module_name, _, attr = path.partition(":")
