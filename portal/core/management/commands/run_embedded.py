@@ -1,0 +1,161 @@
+"""``python manage.py run_embedded``: the whole of Cosched in one process (``make demo``).
+
+Web server (Django's, threaded), the scheduling loop, and one in-process node agent per
+``virtual`` node in the database (``load_demo`` makes three: Titan Xp, A30 and a CPU node). No
+broker: triggers wake the loop thread directly, launches reach the agents directly. The GPUs are
+the ``virtual`` backend's: simulated, not real.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+log = logging.getLogger("cosched.embedded")
+
+
+class EmbeddedLoop:
+    """The loop thread: a scheduling cycle whenever woken (or every ``interval`` seconds),
+    agent ticks, lost-node checks and cluster metrics."""
+
+    def __init__(self, agents: list[Any], interval: float = 2.0) -> None:
+        self.agents = agents
+        self.interval = interval
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cosched-loop", daemon=True)
+        self._last_metrics = 0.0
+        self._last_prune = 0.0
+
+    def wake(self, reason: str = "") -> None:
+        self._wake.set()
+
+    def start(self) -> None:
+        from workers import triggers
+
+        triggers.set_local_waker(self.wake)
+        self._thread.start()
+
+    def stop(self) -> None:
+        from workers import triggers
+
+        triggers.set_local_waker(None)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def step(self) -> None:
+        """One pass; public so a test can drive the loop without its thread."""
+        from datetime import timedelta
+
+        from django.db import close_old_connections
+
+        from portal.core import metrics
+        from portal.core.nodes import nodes_mark_lost
+        from portal.core.scheduling import run_cycle
+
+        close_old_connections()
+        run_cycle()
+        for agent in self.agents:
+            agent.tick()
+        nodes_mark_lost(float(settings.COSCHED["NODE_DOWN_AFTER_S"]))
+        now = time.monotonic()
+        if now - self._last_metrics >= 5:
+            self._last_metrics = now
+            metrics.metrics_cluster_snapshot()
+        if now - self._last_prune >= 3600:
+            self._last_prune = now
+            metrics.metrics_prune(timedelta(days=float(settings.COSCHED["METRICS_RETENTION_DAYS"])))
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.step()
+            except Exception:  # keep the demo alive; the log says what broke
+                log.exception("embedded loop step failed")
+
+
+def start_virtual_agents(*, log_dir: Any = None) -> list[Any]:
+    """One ``NodeAgent`` per ``virtual`` node row, registered in-process. Jobs left placed on
+    those nodes by an earlier run lost their processes: they are requeued first."""
+    from portal.core.models import Node
+    from portal.core.scheduling import requeue_jobs_of_node
+    from scheduler.interference import build_interference
+    from workers.agent import NodeAgent, register_local
+    from workers.gpu.virtual_backend import VirtualBackend
+
+    agents = []
+    interference = build_interference("class_based")
+    for node in Node.objects.filter(backend="virtual").prefetch_related("gpus"):
+        requeue_jobs_of_node(
+            node, actor="embedded", message=f"Cosched restarted: the process on {node.name} is gone"
+        )
+        models = [g.model for g in sorted(node.gpus.all(), key=lambda g: g.index)]
+        backend = None
+        if models:
+            backend = VirtualBackend(models, node=node.name, interference=interference)
+        agent = NodeAgent(
+            node.name,
+            backend,
+            kind=node.kind,
+            cores=node.cores,
+            memory_mb=node.memory_mb,
+            log_dir=log_dir,
+            backend_name="virtual",
+        )
+        agent.register()
+        register_local(agent)
+        agents.append(agent)
+    return agents
+
+
+class Command(BaseCommand):
+    help = (
+        "Run Cosched in one process: web server, scheduling loop and in-process agents for the "
+        "virtual nodes (the embedded default; no broker needed)."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("addrport", nargs="?", default="127.0.0.1:8000")
+        parser.add_argument("--interval", type=float, default=2.0, help="loop period (s)")
+        parser.add_argument(
+            "--no-server", action="store_true", help="run the loop only (until Ctrl-C)"
+        )
+
+    def handle(self, *args: Any, **opts: Any) -> None:
+        if not settings.CELERY_TASK_ALWAYS_EAGER:
+            raise CommandError(
+                "run_embedded is the broker-less default; with REDIS_URL set, run the web "
+                "server, `celery -A portal worker -Q scheduler`, `celery -A portal beat` and "
+                "`manage.py node_agent` instead"
+            )
+        agents = start_virtual_agents()
+        if not agents:
+            self.stderr.write("no virtual nodes in the database: run `manage.py load_demo` first")
+        loop = EmbeddedLoop(agents, interval=opts["interval"])
+        loop.start()
+        loop.wake("start")
+        names = ", ".join(a.name for a in agents) or "none"
+        self.stdout.write(f"embedded loop running; in-process virtual nodes: {names}")
+        try:
+            if opts["no_server"]:
+                while True:
+                    time.sleep(3600)
+            else:
+                call_command("runserver", opts["addrport"], use_reloader=False)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            loop.stop()
+            for agent in agents:
+                agent.shutdown(kill_jobs=True)

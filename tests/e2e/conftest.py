@@ -1,0 +1,194 @@
+"""End-to-end stack for the live path: every part a real process.
+
+- gunicorn serving the portal (the API the tests submit through),
+- two Celery workers on the ``scheduler`` queue (so cycles race for real),
+- a node agent (``manage.py node_agent --backend virtual``: a Celery worker on its node queue
+  plus a sampler thread) whose jobs are real subprocesses,
+
+all on pytest-django's PostgreSQL test database and the test Redis database (flushed). The
+stack is started once per module; the database is flushed when the module ends. Only the GPUs
+are stand-ins: the ``virtual`` backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+@dataclass
+class Stack:
+    url: str
+    env: dict[str, str]
+    tmp: Path
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    logs: dict[str, Path] = field(default_factory=dict)
+
+    def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
+        log = self.tmp / f"{name}.log"
+        self.logs[name] = log
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**self.env, **env},
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        return proc
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(timeout)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+    def log_text(self, name: str) -> str:
+        path = self.logs.get(name)
+        return path.read_text(errors="replace") if path and path.exists() else ""
+
+    def start_agent(self, name: str, gpus: str | None = "TitanXpx2", **opts: str) -> None:
+        argv = [str(BIN / "python"), "manage.py", "node_agent", "--name", name]
+        argv += ["--backend", "virtual", "--interval", "0.5"]
+        if gpus:
+            argv += ["--gpus", gpus]
+        for key, value in opts.items():
+            argv += [f"--{key.replace('_', '-')}", value]
+        self.start(f"agent-{name}", argv)
+
+    # -- the API, as a CI pipeline would use it ----------------------------------------------
+    def api(self, method: str, path: str, token: str, body: Any = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, method=method)
+        req.add_header("Authorization", f"Token {token}")
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+
+@pytest.fixture(scope="module")
+def stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Stack]:
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the end-to-end stack needs PostgreSQL (DATABASE_URL)")
+    import redis
+
+    try:
+        redis.Redis.from_url(REDIS_URL).flushdb()
+    except redis.exceptions.ConnectionError:
+        pytest.fail(f"Redis is not reachable at {REDIS_URL}: start it (see .ci/run)")
+    db = connection.settings_dict
+    database_url = (
+        f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:"
+        f"{db['PORT'] or 5432}/{db['NAME']}"
+    )
+    tmp = tmp_path_factory.mktemp("e2e")
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url,
+        "REDIS_URL": REDIS_URL,
+        "COSCHED_DATA_DIR": str(tmp / "data"),
+        "COSCHED_NODE_DOWN_AFTER_S": "4",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("TEST_DB_NAME", None)
+    port = free_port()
+    stack = Stack(url=f"http://127.0.0.1:{port}", env=env, tmp=tmp)
+    try:
+        stack.start(
+            "web",
+            [str(BIN / "gunicorn"), "portal.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2",
+             "--threads", "4", "--timeout", "60"],
+        )
+        for i in (1, 2):
+            stack.start(
+                f"scheduler{i}",
+                [str(BIN / "celery"), "-A", "portal.celery", "worker", "-Q", "scheduler", "-c", "1",
+                 "-P", "solo", "-n", f"sched{i}@%h", "--without-gossip", "--without-mingle",
+                 "-l", "info"],
+            )
+        stack.start(
+            "beat",
+            [str(BIN / "celery"), "-A", "portal.celery", "beat", "-l", "info", "-s",
+             str(tmp / "beat-schedule")],
+        )
+
+        def web_up() -> bool:
+            try:
+                urllib.request.urlopen(stack.url + "/login/", timeout=2)
+                return True
+            except OSError:
+                return False
+
+        wait_for(web_up, 30, what="gunicorn")
+        yield stack
+    finally:
+        for name in list(stack.procs):
+            stack.stop(name)
+        with django_db_blocker.unblock():
+            from django.core.management import call_command
+
+            call_command("flush", interactive=False, verbosity=0)
+
+
+@pytest.fixture(scope="module")
+def db_access(django_db_blocker) -> Iterator[None]:
+    """Read (and set up) rows the stack's processes write: no test transaction around it."""
+    with django_db_blocker.unblock():
+        yield
+
+
+@pytest.fixture(scope="module")
+def user_token(stack, db_access) -> tuple[Any, str]:
+    from django.contrib.auth import get_user_model
+
+    from portal.front.services import token_create
+
+    user = get_user_model().objects.create_user("e2e", "e2e@example.org", "e2e-pass-123")
+    _, key = token_create(user, name="e2e")
+    return user, key
