@@ -228,7 +228,8 @@ class ExecPlanPolicy(Policy):
                 m = needs[job_id]
                 actions.append(Action(
                     ActionKind.PAUSE, job_id, self.name,
-                    f"paused at {now:.0f} s: {self.step_text(m)} needs {gb(m.need_mb)} GB, "
+                    f"paused {now - started[job_id]:.0f} s after its start: "
+                    f"{self.step_text(m)} needs {gb(m.need_mb)} GB, "
                     f"{gb(total)} of {gb(cap)} GB predicted on {label}; lowest priority among "
                     f"the growing jobs of the {len(group)} there (rate {prio[job_id]:.3f})",
                 ))
@@ -248,7 +249,8 @@ class ExecPlanPolicy(Policy):
                     continue
                 actions.append(Action(
                     ActionKind.RESUME, job_id, self.name,
-                    f"resumed at {now:.0f} s: {self.step_text(m)} needs {gb(m.need_mb)} GB, "
+                    f"resumed {now - started[job_id]:.0f} s after its start: "
+                    f"{self.step_text(m)} needs {gb(m.need_mb)} GB, "
                     f"{why}",
                 ))
                 total = after

@@ -83,7 +83,7 @@ def test_pauses_the_growing_job_when_its_next_step_would_overflow():
     plan = plan_for(state)
     assert [(a.kind, a.job_id) for a in plan.actions] == [(ActionKind.PAUSE, "lmp")]
     text = plan.actions[0].explanation
-    assert text.startswith("paused at 730 s: LAMMPS step 4 needs 8.2 GB")
+    assert text.startswith("paused 730 s after its start: LAMMPS step 4 needs 8.2 GB")
     assert "13.0 of 12.0 GB predicted on g0/gpu0" in text
     assert plan.actions[0].policy == "all_gpu+exec_plan"
 
@@ -114,7 +114,9 @@ def test_resumes_when_room_returns_and_not_before():
     room = snapshot([(lammps(), 0.76, True), (cnn(0), 0.9, False)], now=1100.0)
     plan = plan_for(room)
     assert [(a.kind, a.job_id) for a in plan.actions] == [(ActionKind.RESUME, "lmp")]
-    assert plan.actions[0].explanation.startswith("resumed at 1100 s: LAMMPS step 4 needs 8.2 GB")
+    assert plan.actions[0].explanation.startswith(
+        "resumed 1100 s after its start: LAMMPS step 4 needs 8.2 GB"
+    )
     assert "9.4 of 12.0 GB predicted" in plan.actions[0].explanation
 
 
@@ -182,7 +184,7 @@ def test_simulator_oom_without_the_plan_none_with_it():
     kinds = [(k, j) for _, k, j, _ in with_plan.action_log]
     assert ("pause", "0000-LAMMPS") in kinds and ("resume", "0000-LAMMPS") in kinds
     lmp = next(r for r in with_plan.result.jobs if r.job_id == "0000-LAMMPS")
-    assert lmp.paused_s > 0 and "paused at" in lmp.explanation
+    assert lmp.paused_s > 0 and "s after its start: LAMMPS step 4 needs" in lmp.explanation
     # The policy asked for ticks: it was called far more often than arrivals + completions.
     assert with_plan.result.policy_calls > 10 * len(with_plan.result.jobs)
 
