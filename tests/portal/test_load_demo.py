@@ -20,6 +20,7 @@ from portal.core.models import (
     ProfileGpuTime,
     ProfileMemoryStep,
 )
+from scheduler.policies.registry import build_policy
 
 pytestmark = pytest.mark.django_db
 
@@ -137,9 +138,19 @@ def test_virtual_cluster_from_the_catalogue():
     assert "mig" not in Gpu.objects.filter(model="TitanXp").first().sharing_modes
 
 
-def test_default_policy_is_fifo():
+def test_default_policy_is_seed004s_rate_split_with_the_memory_plan():
     load("--no-jobs")
-    assert PolicySettings.objects.get(active=True).policy == "fifo"
+    active = PolicySettings.objects.get(active=True)
+    assert active.policy == "placement_rate+exec_plan"
+    assert active.params == {"placement_params": {"max_jobs_per_gpu": 5}}
+    # The stored configuration builds (the live loop would fail every cycle otherwise).
+    assert build_policy(active.policy, active.params).name == "placement_rate+exec_plan"
+
+
+def test_an_operators_policy_is_left_alone():
+    PolicySettings.objects.create(name="ours", policy="binpack", active=True)
+    load("--no-jobs")
+    assert list(PolicySettings.objects.values_list("policy", "active")) == [("binpack", True)]
 
 
 def test_scenario_jobs_for_the_demo_user():

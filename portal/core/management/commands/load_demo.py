@@ -7,9 +7,12 @@ nothing).
 - A demo user and an administrator (printed; change the administrator's password).
 - A small virtual cluster: two GPU nodes of different catalogue models (Titan Xp as in the seeds;
   A30 for MIG) and one CPU node, all with ``backend=virtual``.
-- The default policy settings (fifo) and, unless ``--no-jobs``, the 004 scenario's 25 jobs for the
-  demo user (13 CNN-MNIST, 5 BlackScholes, 5 Binomial, 1 LAMMPS, 1 GROMACS), submitted with
-  idempotency keys so they are created once.
+- The active policy, if none is set: ``placement_rate+exec_plan`` (seed 004, ALGORITHMS.md §1)
+  with up to 5 jobs per GPU, as the paper's 5 GPU containers; and, unless ``--no-jobs``, the 004
+  scenario's 25 jobs for the demo user (13 CNN-MNIST, 5 BlackScholes, 5 Binomial, 1 LAMMPS,
+  1 GROMACS), submitted with idempotency keys so they are created once. So the demo shows the
+  rate split (CNNs and LAMMPS on the GPUs, the rest on the CPU node) and the memory plan pausing
+  LAMMPS before its 8.3 GB step would overflow a shared Titan Xp.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ SEEDS = Path(scheduler.__file__).resolve().parent / "data" / "seeds"
 DEMO_USER = ("demo", "demo-pass-123")
 ADMIN_USER = ("admin", "admin-pass-123")
 SEED_GPU = "TitanXp"  # the seeds' testbeds (004, 003) ran on Titan Xp
+# The demo's policy: seed 004's rate split and memory plan, 5 containers per GPU as in the paper.
+DEMO_POLICY = "placement_rate+exec_plan"
+DEMO_POLICY_PARAMS = {"placement_params": {"max_jobs_per_gpu": 5}}
 
 # name, kind, cores, memory MB, GPU model, GPU count
 CLUSTER = [
@@ -161,7 +167,8 @@ class Command(BaseCommand):
             created_profiles = self._profiles(admin_user)
             created_nodes = self._cluster()
             policy, policy_created = PolicySettings.objects.get_or_create(
-                active=True, defaults={"name": "default", "policy": "fifo"}
+                active=True,
+                defaults={"name": "default", "policy": DEMO_POLICY, "params": DEMO_POLICY_PARAMS},
             )
         jobs_created = 0
         if not options["no_jobs"]:
