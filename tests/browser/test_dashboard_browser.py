@@ -17,6 +17,7 @@ import pytest
 
 from portal.core.models import Gpu, Job, Node
 from tests.browser.helpers import login, screenshot, wait_for
+from tests.embedded import embedded_loop
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 StaleElementReferenceException = pytest.importorskip(
@@ -95,38 +96,10 @@ def virtual_cluster(transactional_db) -> Node:
 
 @pytest.fixture
 def embedded(virtual_cluster, settings, tmp_path) -> Iterator[list[Any]]:
-    """The embedded loop (0.5 s period) and the node's in-process agent; stopped afterwards,
-    with the job processes killed, before pytest-django flushes the database."""
-    from django.db import connections
-
-    from portal.core import metrics
-    from portal.core.management.commands.run_embedded import EmbeddedLoop, start_virtual_agents
-
-    # Broker-less, as `make demo`: launches reach the in-process agent, metrics stay in-process.
-    settings.REDIS_URL = ""
-    settings.CELERY_TASK_ALWAYS_EAGER = True
-    metrics.metrics_store_clear()
-
-    class Loop(EmbeddedLoop):
-        def _run(self) -> None:
-            try:
-                super()._run()
-            finally:  # the thread's own connection; a lingering one would block the DB drop
-                connections.close_all()
-
-    agents = start_virtual_agents(log_dir=tmp_path / "logs")
-    assert [a.name for a in agents] == [NODE]
-    loop = Loop(agents, interval=0.5)
-    loop.start()
-    loop.wake("test start")
-    try:
+    """The embedded loop (0.5 s period) and the node's in-process agent."""
+    with embedded_loop(settings, tmp_path / "logs") as agents:
+        assert [a.name for a in agents] == [NODE]
         yield agents
-    finally:
-        loop.stop()
-        assert not loop._thread.is_alive(), "the embedded loop thread did not stop"
-        for agent in agents:
-            agent.shutdown(kill_jobs=True)
-        metrics.metrics_store_clear()
 
 
 def test_submit_watch_the_job_run_on_the_dashboard_and_its_plots_fill(

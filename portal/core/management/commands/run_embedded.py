@@ -74,15 +74,20 @@ class EmbeddedLoop:
             metrics.metrics_prune(timedelta(days=float(settings.COSCHED["METRICS_RETENTION_DAYS"])))
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.interval)
-            self._wake.clear()
-            if self._stop.is_set():
-                break
-            try:
-                self.step()
-            except Exception:  # keep the demo alive; the log says what broke
-                log.exception("embedded loop step failed")
+        from django.db import connections
+
+        try:
+            while not self._stop.is_set():
+                self._wake.wait(self.interval)
+                self._wake.clear()
+                if self._stop.is_set():
+                    break
+                try:
+                    self.step()
+                except Exception:  # keep the demo alive; the log says what broke
+                    log.exception("embedded loop step failed")
+        finally:  # this thread's own connection: left open it would block a database drop
+            connections.close_all()
 
 
 def start_virtual_agents(*, log_dir: Any = None) -> list[Any]:
@@ -139,6 +144,8 @@ class Command(BaseCommand):
                 "server, `celery -A portal worker -Q scheduler`, `celery -A portal beat` and "
                 "`manage.py node_agent` instead"
             )
+        # Tasks run in-process here: Celery's "Task ... succeeded" line per launch is noise.
+        logging.getLogger("celery.app.trace").setLevel(logging.WARNING)
         agents = start_virtual_agents()
         if not agents:
             self.stderr.write("no virtual nodes in the database: run `manage.py load_demo` first")
