@@ -4,7 +4,9 @@
   (GPU indices in PCI bus order, the MIG instance UUID under MIG, ``""`` for a CPU job), the MPS
   pipe/log directories and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` under MPS, and ``COSCHED_*``
   variables describing the job to itself (``COSCHED_JOB_ID``, ``COSCHED_NODE``,
-  ``COSCHED_GPU_INDICES``, ``COSCHED_SHARING_MODE``, ``COSCHED_GPU_MODEL``, ...).
+  ``COSCHED_GPU_INDICES``, ``COSCHED_SHARING_MODE``, ``COSCHED_GPU_MODEL``, ...). ``build_env``
+  starts from the agent's environment minus the portal's configuration and anything that looks
+  like a credential (``DATABASE_URL``, ``REDIS_URL``, ``SECRET_KEY``, ...: ``PORTAL_ENV_DENYLIST``).
 - ``JobProcess``: a real subprocess in its own process group (so pause/resume/kill reach the
   job's children too), stdout and stderr appended to one log file; or, for a container job, the
   ``docker run`` client process, controlled with ``docker pause/unpause/stop``.
@@ -33,6 +35,66 @@ from workers.report_lines import Report, parse_report
 # Variables a placement decides; inherited values are dropped so the agent's own never leak.
 _CONTROLLED_PREFIXES = ("CUDA_MPS_", "COSCHED_")
 _CONTROLLED = {"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES"}
+
+# The portal's and the agent's own configuration, never passed to a job: a job runs any user's
+# command, and the agent's environment holds the database URL (with its password), the broker,
+# Django's secret key and how the deployment is set up. ``build_env`` removes
+# - every variable the portal reads (portal/settings.py through portal/env.py; keep this list in
+#   step with them and with the README's configuration table), the test and benchmark harness's
+#   own (``TEST_*``, ``BENCH_*``), and libpq's connection variables, which psycopg would use;
+# - everything Django, Celery and Cosched read by prefix (``DJANGO_SETTINGS_MODULE``,
+#   ``DJANGO_SUPERUSER_PASSWORD``, ``CELERY_BROKER_URL``, ``COSCHED_DATA_DIR``, ...);
+# - any name that looks like a credential (``*SECRET*``, ``*PASSWORD*``, ``*_TOKEN``, ...).
+# ``PATH``, ``HOME``, ``LANG``, ``LD_LIBRARY_PATH`` and the like are kept; the placement's own
+# variables (``job_env``) are set after the removal.
+PORTAL_ENV_DENYLIST = frozenset(
+    {
+        # portal/settings.py
+        "DATABASE_URL",
+        "REDIS_URL",
+        "SECRET_KEY",
+        "DEBUG",
+        "ALLOWED_HOSTS",
+        "CSRF_TRUSTED_ORIGINS",
+        "STATIC_ROOT",
+        "LOG_LEVEL",
+        "SECURE_SSL_REDIRECT",
+        "SECURE_HSTS_SECONDS",
+        "TEST_DB_NAME",
+        # the test suite (Makefile, tests/) and benchmarks
+        "TEST_DATABASE_URL",
+        "TEST_REDIS_URL",
+        "BENCH_REDIS_URL",
+        "BENCH_PG_ADMIN_URL",
+        # libpq / psycopg connection settings
+        "PGHOST",
+        "PGHOSTADDR",
+        "PGPORT",
+        "PGDATABASE",
+        "PGUSER",
+        "PGPASSWORD",
+        "PGPASSFILE",
+        "PGSERVICE",
+        "PGSERVICEFILE",
+    }
+)
+PORTAL_ENV_DENY_PREFIXES = ("COSCHED_", "DJANGO_", "CELERY_")
+# Credential-looking names: these anywhere in the (upper-cased) name, or ``TOKEN`` as a whole
+# ``_``-separated word (``HF_TOKEN``, ``GITHUB_TOKEN``; not ``TOKENIZERS_PARALLELISM``).
+SECRET_ENV_MARKERS = ("SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "PRIVATE_KEY")
+SECRET_ENV_WORDS = frozenset({"TOKEN", "TOKENS"})
+
+
+def is_portal_variable(name: str) -> bool:
+    """True if ``name`` is the portal's or the agent's configuration, or looks like a credential
+    (see ``PORTAL_ENV_DENYLIST``): a job must not inherit it."""
+    upper = name.upper()
+    return (
+        name in PORTAL_ENV_DENYLIST
+        or upper.startswith(PORTAL_ENV_DENY_PREFIXES)
+        or any(marker in upper for marker in SECRET_ENV_MARKERS)
+        or not SECRET_ENV_WORDS.isdisjoint(upper.split("_"))
+    )
 
 
 class PlacementLike(Protocol):
@@ -111,12 +173,15 @@ def build_env(
     **options: object,
 ) -> dict[str, str]:
     """``base_env`` (default: this process's environment) without the variables a placement
-    controls, plus ``job_env(placement, **options)``."""
+    controls and without the portal's configuration and credentials (``is_portal_variable``),
+    plus ``job_env(placement, **options)``, which is applied last."""
     base = os.environ if base_env is None else base_env
     env = {
         k: v
         for k, v in base.items()
-        if k not in _CONTROLLED and not k.startswith(_CONTROLLED_PREFIXES)
+        if k not in _CONTROLLED
+        and not k.startswith(_CONTROLLED_PREFIXES)
+        and not is_portal_variable(k)
     }
     env.update(job_env(placement, **options))  # type: ignore[arg-type]
     return env

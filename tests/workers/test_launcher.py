@@ -106,6 +106,73 @@ def test_the_process_really_gets_the_environment(tmp_path):
     assert log.read_text() == "CVD=1 PCT=40 JOB=j8\n"
 
 
+# What a portal / node agent host typically has in its environment (the values are fakes).
+AGENT_SECRETS = {
+    "DATABASE_URL": "postgres://cosched:db-pass-123@db:5432/cosched",
+    "REDIS_URL": "redis://:redis-pass@redis:6379/0",
+    "SECRET_KEY": "django-secret-key-xyz",
+    "DEBUG": "0",
+    "ALLOWED_HOSTS": "portal.example.org",
+    "CSRF_TRUSTED_ORIGINS": "https://portal.example.org",
+    "STATIC_ROOT": "/srv/static",
+    "LOG_LEVEL": "DEBUG",
+    "SECURE_SSL_REDIRECT": "1",
+    "SECURE_HSTS_SECONDS": "60",
+    "TEST_DB_NAME": "test_x",
+    "TEST_DATABASE_URL": "postgres://postgres@127.0.0.1:5432/test",
+    "TEST_REDIS_URL": "redis://127.0.0.1:6379/15",
+    "BENCH_PG_ADMIN_URL": "postgres://postgres@127.0.0.1:5432/postgres",
+    "CELERY_BROKER_URL": "redis://:redis-pass@redis:6379/0",
+    "DJANGO_SETTINGS_MODULE": "portal.settings",
+    "DJANGO_SUPERUSER_PASSWORD": "admin-pass",
+    "COSCHED_DATA_DIR": "/srv/cosched",
+    "COSCHED_TOKEN": "cos_abc",
+    "PGPASSWORD": "db-pass-123",
+    "POSTGRES_PASSWORD": "db-pass-123",
+    "AWS_SECRET_ACCESS_KEY": "aws-secret",
+    "GITHUB_TOKEN": "ghp_x",
+    "OPENAI_API_KEY": "sk-x",
+}
+HARMLESS = {"LANG": "C.UTF-8", "TZ": "UTC", "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "0"}
+
+
+def test_build_env_drops_the_portals_configuration_and_credentials():
+    base = {"PATH": "/usr/bin:/bin", "HOME": "/home/agent", **HARMLESS, **AGENT_SECRETS}
+    env = build_env(MPS, base, mps_pipe_dir="/run/mps/1", extra={"JOB_VAR": "1"})
+    assert not set(AGENT_SECRETS) & set(env), sorted(set(AGENT_SECRETS) & set(env))
+    assert {k: env[k] for k in ("PATH", "HOME", *HARMLESS)} == {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/home/agent",
+        **HARMLESS,
+    }
+    # the placement's own variables are set after the removal, COSCHED_* ones included
+    assert env["CUDA_VISIBLE_DEVICES"] == "1" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/mps/1"
+    assert env["COSCHED_JOB_ID"] == "j8" and env["COSCHED_SHARING_MODE"] == "mps"
+    assert env["JOB_VAR"] == "1"
+
+
+def test_a_job_process_cannot_read_the_agents_secrets(tmp_path, monkeypatch):
+    """The default base is the agent's own environment: a real job printing its whole
+    environment sees PATH and its placement, none of the portal's settings."""
+    for key, value in {**AGENT_SECRETS, **HARMLESS}.items():
+        monkeypatch.setenv(key, value)
+    env = build_env(EXCLUSIVE, gpu_model="V100")
+    log = tmp_path / "job.log"
+    cmd = f"{PY} -c 'import json, os; print(json.dumps(dict(os.environ)))'"
+    proc = JobProcess.start(cmd, env, log)
+    assert proc.wait(10) == 0
+    seen = json.loads(log.read_text())
+    leaked = sorted(set(AGENT_SECRETS) & set(seen))
+    assert not leaked, f"the job sees the agent's {leaked}"
+    secret_values = {"db-pass-123", "django-secret-key-xyz", "redis-pass", "admin-pass"}
+    assert not [v for v in seen.values() if any(s in v for s in secret_values)]
+    assert seen["PATH"] == os.environ["PATH"] and seen["LANG"] == "C.UTF-8"
+    assert seen["CUDA_VISIBLE_DEVICES"] == "0,2" and seen["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert seen["COSCHED_JOB_ID"] == "j7" and seen["COSCHED_NODE"] == "gpu-1"
+    assert seen["COSCHED_GPU_MODEL"] == "V100" and seen["COSCHED_SHARING_MODE"] == "exclusive"
+
+
 # --- processes --------------------------------------------------------------------------------
 
 
