@@ -28,7 +28,13 @@ SIGCONT. Memory follows the profile's memory steps (``--steps-json`` replaces th
 **Output**: ``@cosched ...`` report lines on stdout (format and fields in
 ``workers.report_lines``): ``start``; ``progress`` every ``--report-every`` seconds of work
 (default 1), at every memory-step change and at the end; ``epoch`` at each epoch end; then
-``done``, ``fail`` or ``term``. Lines are flushed as written.
+``done``, ``fail`` or ``term``. Lines are flushed as written. A ``progress`` line's
+``iter_time_s`` is the mean active time per iteration over the iterations completed in the
+current epoch (ALGORITHMS.md §5), reaching back over the last ``MIN_WINDOW_ITERS`` completed
+iterations while the epoch has fewer, and the planned iteration time before the first one ends:
+a mean over one report period, with one or two iterations in it, made the live Slow-Down jump.
+The emulator wakes at each iteration's end, so the completion times it measures are exact to
+the sleep's accuracy, not to a tick.
 
 **Exit codes**: 0 when done; ``--exit-code`` (default 1) once progress reaches ``--fail-at``;
 143 on SIGTERM and 130 on SIGINT (after a ``term`` line); 2 on a usage or profile error.
@@ -42,6 +48,7 @@ import os
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import FrameType
@@ -57,6 +64,9 @@ from workers.profiles import (
 from workers.report_lines import format_report
 
 GPU_MODEL_ENV = "COSCHED_GPU_MODEL"
+# A progress line's iteration time is a mean over at least this many completed iterations once
+# the run has them (see the module docstring).
+MIN_WINDOW_ITERS = 5
 
 
 class EmulatorError(Exception):
@@ -194,26 +204,39 @@ def run(plan: RunPlan, *, report_every: float, tick: float) -> int:
     wall_start = time.monotonic()
     last = wall_start
     active = 0.0
-    last_report = (0.0, 0)  # (active seconds, iterations) at the previous progress line
+    last_report = 0.0  # active seconds at the previous progress line
     epoch = 0
     epoch_start = (0.0, 0)
     step = step_index_at(profile, 0.0)
+    # (iterations done, active seconds when that count was first seen), the latest last; spans
+    # at least MIN_WINDOW_ITERS iterations once full.
+    completions: deque[tuple[float, int]] = deque([(0.0, 0)], maxlen=MIN_WINDOW_ITERS + 1)
+
+    def mean_iter_time() -> float:
+        """Mean active seconds per completed iteration: over the current epoch, or over the
+        last MIN_WINDOW_ITERS completions while the epoch has fewer; the plan before any."""
+        end_active, end_iter = completions[-1]
+        start_active, start_iter = epoch_start
+        if end_iter - start_iter < MIN_WINDOW_ITERS:
+            start_active, start_iter = min(completions[0], epoch_start, key=lambda c: c[1])
+        if end_iter <= start_iter:
+            return iter_s
+        return (end_active - start_active) / (end_iter - start_iter)
 
     def progress_line(fraction: float, done: int) -> None:
         nonlocal last_report
-        d_active, d_iter = active - last_report[0], done - last_report[1]
         _emit(
             "progress",
             fraction=round(fraction, 4),
             iter=done,
             iters=iters,
-            iter_time_s=round(d_active / d_iter if d_iter else iter_s, 6),
+            iter_time_s=round(mean_iter_time(), 6),
             step=step_index_at(profile, fraction),
             mem_mb=round(memory_at(profile, fraction), 1),
             active_s=round(active, 3),
             elapsed_s=round(time.monotonic() - wall_start, 3),
         )
-        last_report = (active, done)
+        last_report = active
 
     progress_line(0.0, 0)
     while True:
@@ -226,6 +249,8 @@ def run(plan: RunPlan, *, report_every: float, tick: float) -> int:
 
         fraction = min(1.0, active / plan.run_s)
         done = min(iters, int(active / iter_s + 1e-9))
+        if done > completions[-1][1]:
+            completions.append((active, done))
 
         while epoch < plan.epochs and done >= epoch_iters[epoch]:
             n = epoch_iters[epoch] - epoch_start[1]
@@ -262,11 +287,13 @@ def run(plan: RunPlan, *, report_every: float, tick: float) -> int:
                 elapsed_s=round(time.monotonic() - wall_start, 3),
             )
             return 0
-        if new_step != step or active - last_report[0] >= report_every:
+        if new_step != step or active - last_report >= report_every:
             step = new_step
             progress_line(fraction, done)
 
-        time.sleep(min(tick, plan.run_s - active))
+        # wake at the end of the running iteration, so its measured completion time is exact
+        to_next_iter = (done + 1) * iter_s - active if done < iters else tick
+        time.sleep(max(0.0, min(tick, plan.run_s - active, to_next_iter)))
         now = time.monotonic()
         # A tick longer than two ticks means we were stopped (SIGSTOP, freezer): not work.
         active += min(now - last, 2 * tick)

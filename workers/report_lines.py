@@ -11,7 +11,8 @@ One report per line, mixed freely with the job's own output (which the agent ign
 - ``start``: ``profile``, ``gpu_model`` (or ``none``), ``solo_s``, ``scale``, ``run_s`` (active
   seconds the run will take), ``iters``, ``epochs``, ``steps``, ``pid``
 - ``progress``: ``fraction`` (0..1 of the work), ``iter`` and ``iters`` (done / total),
-  ``iter_time_s`` (active seconds per iteration over the last report interval), ``step``
+  ``iter_time_s`` (mean active seconds per iteration in the current epoch, over at least the
+  last few completed iterations; see ``workers.emulate``), ``step``
   (1-based memory step, 0 = none), ``mem_mb`` (memory the job holds now, MB), ``active_s``
   (seconds of work done, pauses excluded), ``elapsed_s`` (wall seconds since start, pauses included)
 - ``epoch``: ``epoch`` (1-based index just finished), ``epochs``, ``iter``, ``iters``,

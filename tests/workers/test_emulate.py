@@ -14,6 +14,7 @@ import pytest
 
 from workers.emulate import EmulatorError, build_parser, plan_run
 from workers.report_lines import parse_report
+from workers.slowdown import live_slowdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -198,3 +199,34 @@ def test_sigterm_exits_143_with_a_term_line():
     (term,) = [r for r in map(parse_report, out.splitlines()) if r and r.event == "term"]
     assert term.get("signal") == "SIGTERM" and term.get("exit_code") == 143
     assert term.get("fraction") < 0.1
+
+
+def test_an_uncontended_jobs_live_slowdown_stays_near_1():
+    """ALGORITHMS.md §5: SD = (elapsed + iters_left * iter_time) / solo_time, with iter_time the
+    mean over the current epoch. Default 100 iterations of 0.3 s and a report every 0.4 s: one
+    or two iterations end per report, so a per-report iteration time made SD jump 0.67..1.67."""
+    proc = emulator("--profile", "x", "--duration", "30", "--report-every", "0.4")
+    try:
+        time.sleep(3.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=5)
+    finally:
+        proc.kill()
+    reports = [r for r in map(parse_report, out.splitlines()) if r is not None]
+    run_s = reports[0].get("run_s")
+    assert run_s == 30 and reports[0].get("iters") == 100, err
+    sds = [
+        live_slowdown(
+            r.get("elapsed_s"),
+            0.0,
+            run_s,
+            progress=r.get("fraction"),
+            iters_done=r.get("iter"),
+            iters_total=r.get("iters"),
+            iter_time_s=r.get("iter_time_s"),
+            active_s=r.get("active_s"),
+        )
+        for r in events(reports, "progress")[1:]
+    ]
+    assert len(sds) >= 6
+    assert all(0.8 <= sd <= 1.25 for sd in sds), sds
