@@ -1,0 +1,108 @@
+"""Seed 004 live (ALGORITHMS.md §1): the demo's job set on the demo's virtual cluster.
+
+``load_demo`` makes what ``make demo`` runs: two virtual GPU nodes (2 Titan Xp, 2 A30), a CPU
+node, the 25 jobs of the paper (13 CNN-MNIST, 5 BlackScholes, 5 Binomial, LAMMPS, GROMACS) as
+emulated processes, and ``placement_rate+exec_plan`` with 5 jobs per GPU. The embedded loop
+runs them (real subprocesses; the GPUs are the ``virtual`` backend's). We check the two things
+the paper is about: the rate split sends jobs to both node kinds at once, and the memory plan
+pauses LAMMPS before its 8.3 GB step overflows a shared Titan Xp, with the process really
+stopped (SIGSTOP) and continued, and the reason on the job's page.
+"""
+
+from __future__ import annotations
+
+import time
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+
+from portal.core.models import Job, JobEvent, Placement
+from tests.e2e.conftest import wait_for
+from tests.embedded import embedded_loop
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Profile times x 0.1: the CNNs run ~20 s on a GPU, LAMMPS ~8.5 s; the CPU jobs much longer.
+SCALE = "0.1"
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def test_demo_seed004_set_splits_cpu_and_gpu_and_the_plan_pauses_lammps(
+    settings, tmp_path, client
+):
+    call_command("load_demo", "--emulate-scale", SCALE, stdout=StringIO())
+    lammps = Job.objects.get(name="LAMMPS-1")
+    # What the agent did to the LAMMPS process on each control: a spy that calls through.
+    seen: list[tuple[str, str]] = []
+
+    with embedded_loop(settings, tmp_path / "logs") as agents:
+        for agent in agents:
+            control = agent.control
+
+            def spy(job_id: int, action: str, agent=agent, control=control) -> None:
+                control(job_id, action)
+                proc = agent.process_of(job_id)
+                if job_id == lammps.pk and proc is not None and action in ("pause", "resume"):
+                    want = action == "pause"
+                    deadline = time.monotonic() + 10
+                    while (_proc_state(proc.pid) == "T") != want and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    seen.append((action, _proc_state(proc.pid)))
+
+            agent.control = spy
+
+        wait_for(
+            lambda: JobEvent.objects.filter(
+                job=lammps, from_state="PAUSED", to_state="RUNNING"
+            ).exists(),
+            150,
+            interval=0.5,
+            what="LAMMPS to be paused and resumed by the plan",
+        )
+        wait_for(
+            lambda: Job.objects.get(pk=lammps.pk).state in {"COMPLETED", "FAILED"},
+            60,
+            interval=0.5,
+            what="LAMMPS to finish",
+        )
+
+    # The split: GPU jobs and CPU jobs at once.
+    sides: dict[str, set[str]] = {}
+    for p in Placement.objects.select_related("job", "node"):
+        sides.setdefault(p.job.name.rsplit("-", 1)[0], set()).add(p.node.kind)
+    assert sides["CNN-MNIST"] == {"gpu"}, sides
+    assert sides["BlackScholes"] == {"cpu"} and sides["Binomial"] == {"cpu"}, sides
+    assert sides["LAMMPS"] == {"gpu"}, sides
+    first_gpu = Placement.objects.filter(node__kind="gpu").order_by("created_at").first()
+    first_cpu = Placement.objects.filter(node__kind="cpu").order_by("created_at").first()
+    assert abs((first_gpu.created_at - first_cpu.created_at).total_seconds()) < 5, (
+        "both node kinds should start working at once"
+    )
+    explanation = Placement.objects.get(job__name="CNN-MNIST-1").explanation
+    assert "rate " in explanation and "GPU capacity for" in explanation, explanation
+
+    # The plan: LAMMPS paused before its 8.2 GB step, the process stopped, then continued.
+    lammps.refresh_from_db()
+    assert lammps.state == "COMPLETED", lammps.failure_reason
+    pause = JobEvent.objects.filter(job=lammps, to_state="PAUSED").order_by("at").first()
+    assert pause.actor == "scheduler"
+    assert pause.message.startswith("placement_rate+exec_plan: paused ")
+    assert "LAMMPS-1 step 4 needs 8.2 GB" in pause.message
+    assert "of 12.0 GB predicted on gpu-titanxp-1/gpu" in pause.message
+    assert ("pause", "T") in seen and any(a == "resume" and s != "T" for a, s in seen), seen
+
+    # Nothing ran out of memory; every GPU job that ended, completed.
+    assert not Job.objects.filter(state="FAILED").exists()
+
+    # The job's page shows why it was paused.
+    client.login(username="demo", password="demo-pass-123")
+    page = client.get(f"/jobs/{lammps.pk}/").content.decode()
+    assert "LAMMPS-1 step 4 needs 8.2 GB" in page and "PAUSED" in page
