@@ -61,7 +61,9 @@ def job_transition(
         now = timezone.now()
         updates: dict[str, Any] = {"state": target_state.value, **fields}
         stamp = _STAMP.get(target_state)
-        if stamp:
+        # A resume continues the run: started_at stays the first start (Slow-Down, JCT and the
+        # memory plan's speed estimate all count from it).
+        if stamp and not (target_state == JobState.RUNNING and current == JobState.PAUSED):
             updates[stamp] = now
         if target_state == JobState.PENDING:
             updates["scheduled_at"] = None

@@ -121,6 +121,17 @@ def test_fields_are_written_with_the_transition(alice):
 
 
 @pytest.mark.django_db
+def test_a_resume_keeps_the_first_start_time(alice):
+    job = _job_in(alice, JobState.RUNNING)
+    first_start = job.started_at
+    assert first_start is not None
+    services.job_transition(job, JobState.PAUSED, actor="scheduler")
+    services.job_transition(job, JobState.RUNNING, actor="scheduler")
+    job.refresh_from_db()
+    assert job.state == JobState.RUNNING and job.started_at == first_start
+
+
+@pytest.mark.django_db
 def test_requeue_counts_up_and_releases_the_placement(alice):
     node = Node.objects.create(name="n1", kind="gpu")
     job = _job_in(alice, JobState.RUNNING)
