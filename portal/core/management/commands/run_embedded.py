@@ -9,6 +9,8 @@ the ``virtual`` backend's: simulated, not real.
 from __future__ import annotations
 
 import logging
+import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -124,6 +126,10 @@ def start_virtual_agents(*, log_dir: Any = None) -> list[Any]:
     return agents
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    sys.exit(0)
+
+
 class Command(BaseCommand):
     help = (
         "Run Cosched in one process: web server, scheduling loop and in-process agents for the "
@@ -149,6 +155,9 @@ class Command(BaseCommand):
         agents = start_virtual_agents()
         if not agents:
             self.stderr.write("no virtual nodes in the database: run `manage.py load_demo` first")
+        # SIGTERM (a service manager, `kill`) ends the run like Ctrl-C: the finally below kills
+        # the job processes instead of leaving them orphaned.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         loop = EmbeddedLoop(agents, interval=opts["interval"])
         loop.start()
         loop.wake("start")
