@@ -1,0 +1,75 @@
+"""docker-compose.yml and the Dockerfile agree with the code they start (no Docker engine here:
+the file is read as YAML, and each service's command is checked against what it names)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workers.dispatch import SCHEDULER_QUEUE
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES = COMPOSE["services"]
+
+
+def test_the_deployment_has_every_part():
+    assert {"postgres", "redis", "migrate", "web", "worker", "beat", "node-agent"} <= set(SERVICES)
+
+
+def test_cosched_services_share_the_environment_the_settings_read():
+    for name in ("migrate", "web", "worker", "beat", "node-agent"):
+        env = SERVICES[name]["environment"]
+        url = env["DATABASE_URL"]
+        assert url.startswith("postgres://") and "@postgres:5432/" in url
+        assert env["REDIS_URL"] == "redis://redis:6379/0"
+        assert env["DEBUG"] == "0" and "SECRET_KEY" in env and "ALLOWED_HOSTS" in env
+
+
+def test_the_web_server_waits_for_the_migrations():
+    assert SERVICES["web"]["depends_on"]["migrate"]["condition"] == (
+        "service_completed_successfully"
+    )
+    assert SERVICES["migrate"]["command"][-2:] == ["migrate", "--noinput"]
+
+
+def test_the_scheduler_worker_serves_the_queue_cycles_are_sent_to():
+    command = SERVICES["worker"]["command"]
+    queues = command[command.index("-Q") + 1].split(",")
+    assert SCHEDULER_QUEUE in queues
+    assert command[:3] == ["celery", "-A", "portal"]
+
+
+def test_the_node_agent_uses_nvml_and_reserves_the_hosts_gpus():
+    service = SERVICES["node-agent"]
+    command = service["command"]
+    assert command[:3] == ["python", "manage.py", "node_agent"]
+    assert command[command.index("--backend") + 1] == "nvml"
+    devices = service["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+
+
+def test_the_image_holds_every_top_level_package_the_services_import():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    for folder in ("portal", "scheduler", "workers", "templates", "static"):
+        assert f"COPY {folder} ./{folder}" in dockerfile, folder
+    assert "COPY manage.py" in dockerfile
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="no docker client")
+def test_docker_compose_config_validates_where_the_plugin_exists():
+    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip("the docker client has no compose plugin here")
+    done = subprocess.run(
+        ["docker", "compose", "config", "--quiet"],
+        cwd=ROOT,
+        env={"SECRET_KEY": "x" * 50, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
