@@ -26,9 +26,12 @@ its GPU (with nothing running there) is resumed anyway: nothing will free memory
   has the lower priority. In the paper's run this pauses LAMMPS (rate below CNN's).
 - Look-ahead: a job's progress per second is estimated as progress / time since it started,
   at least an equal share of its GPU (1 / (solo time x unpaused jobs there)), and for a paused
-  job at least 1 / its solo time (so it is not resumed just before the step that made it
-  pause); the step it will be in ``lookahead_intervals`` intervals from now counts, so it is
-  paused before it crosses into a step that does not fit.
+  job at least 1 / its solo time; the step it will be in ``lookahead_intervals`` intervals
+  from now counts, so it is paused before it crosses into a step that does not fit.
+- A paused job is judged by its next step (the one it was about to grow into) however far the
+  look-ahead reaches: "the prediction with their next step" of Algorithm 1's UNPAUSE. Without
+  this a job faster than its profile says (a scaled demo job) was resumed while that step
+  still did not fit, and paused again seconds later.
 - New placements from the wrapped policy on a GPU are held back while the GPU's prediction,
   with every paused job there at its resumed need, plus the new job's first step would exceed
   the GPU's memory: paused jobs get the room first (otherwise new arrivals can starve them).
@@ -106,14 +109,20 @@ def job_need(
     rate_per_s: float,
     horizon_s: float,
     alpha_mb: float,
+    through_next_step: bool = False,
 ) -> MemoryNeed:
-    """Current use and predicted need of ``job`` at ``progress`` (see the module docstring)."""
+    """Current use and predicted need of ``job`` at ``progress`` (see the module docstring).
+    ``through_next_step``: the prediction reaches at least the step after the current one,
+    whatever the horizon (for a paused job: see ``need_of``)."""
     steps = job_steps(job)
     used = memory_at(job, progress, steps)
     if not steps:
         return MemoryNeed(job, used, used, None, False)
     now_step = step_at(steps, progress)
-    later = step_at(steps, min(1.0, progress + max(0.0, rate_per_s) * horizon_s))
+    target = min(1.0, progress + max(0.0, rate_per_s) * horizon_s)
+    if through_next_step and now_step is not None and now_step.end < 1.0:
+        target = max(target, now_step.end)
+    later = step_at(steps, target)
     step = now_step
     if later is not None and now_step is not None and later.peak_mb > now_step.peak_mb:
         step = later
@@ -191,8 +200,13 @@ class ExecPlanPolicy(Policy):
             # at solo speed: it must not be resumed just before the step that made it pause.
             floor = 1.0 / solo if r.paused else 1.0 / (solo * max(1, sharing))
             rate = max(rate, floor)
+        # A paused job was paused for a step it was about to grow into, and resumed it grows
+        # into it: judge it by that step (its next one), not by how far it would get within
+        # the look-ahead. Otherwise a job whose speed the profile underrates (a scaled demo,
+        # a faster GPU) is resumed while its next step still does not fit, and paused again.
         return job_need(r.job, r.progress, rate_per_s=rate,
-                        horizon_s=self.lookahead * self.interval_s, alpha_mb=self.alpha_mb)
+                        horizon_s=self.lookahead * self.interval_s, alpha_mb=self.alpha_mb,
+                        through_next_step=r.paused)
 
     def priorities(self, group: Sequence[RunningJob], model: str) -> dict[str, float]:
         jobs = [r.job for r in group]

@@ -197,3 +197,16 @@ def test_simulator_plan_on_the_seed004_scenario_is_harmless_and_deterministic():
     c = _sim("seed004_lammps_first", "all_gpu+exec_plan")
     d = _sim("seed004_lammps_first", "all_gpu+exec_plan")
     assert c.action_log == d.action_log and c.result.jobs == d.result.jobs
+
+
+def test_a_paused_job_waits_until_its_next_step_fits_whatever_the_look_ahead():
+    # LAMMPS paused at 60 %, in step 3 (peak 2.8 GB), with 4 CNN (4.9 GB) still running. The
+    # look-ahead at solo speed (10 s of 85 s: +12 %) stays in step 3, where 7.8 GB would fit; but
+    # resumed it grows into step 4 (8.3 GB) next: 13.0 GB, so it stays paused.
+    crowded = snapshot([(lammps(), 0.60, True)] + [(cnn(i), 0.5, False) for i in range(4)])
+    assert plan_for(crowded).actions == ()
+    # With one CNN left, step 4 fits: resumed, and the text names step 4.
+    room = snapshot([(lammps(), 0.60, True), (cnn(0), 0.9, False)], now=1100.0)
+    plan = plan_for(room)
+    assert [(a.kind, a.job_id) for a in plan.actions] == [(ActionKind.RESUME, "lmp")]
+    assert "LAMMPS step 4 needs 8.2 GB" in plan.actions[0].explanation
