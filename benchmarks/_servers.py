@@ -209,6 +209,22 @@ def manage(
     return done
 
 
+_CREATE_USER = """
+from django.contrib.auth import get_user_model
+from portal.front.services import token_create
+user = get_user_model().objects.create_user("bench", "bench@example.org", "bench-pass-123")
+token, key = token_create(user, name={name!r})
+print(key)
+"""
+
+
+def create_token_user(env: Mapping[str, str], token_name: str) -> str:
+    """Create the user ``bench`` on the portal's database and return a new API token of it
+    (``cos_...``, the kind CI pipelines use)."""
+    done = manage(["shell", "-c", _CREATE_USER.format(name=token_name)], env)
+    return done.stdout.strip().splitlines()[-1]
+
+
 def collect_static(env: Mapping[str, str]) -> None:
     """``manage.py collectstatic`` into the env's STATIC_ROOT (needed for pages with DEBUG off)."""
     manage(["collectstatic", "--noinput", "--verbosity", "0"], env)

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from benchmarks._servers import (
+    create_token_user,
     free_port,
     gunicorn,
     manage,
@@ -32,14 +33,6 @@ from benchmarks._servers import (
 DATABASE_NAME = "cosched_bench_api"
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 WARM_UP = 6  # enough for both gunicorn workers to have served a request each
-
-CREATE_USER = """
-from django.contrib.auth import get_user_model
-from portal.front.services import token_create
-user = get_user_model().objects.create_user("bench", "bench@example.org", "bench-pass-123")
-token, key = token_create(user, name="api-latency benchmark")
-print(key)
-"""
 
 
 def _flush_redis(url: str) -> None:
@@ -98,7 +91,7 @@ def run(quick: bool = False) -> dict:
         with scratch_database(DATABASE_NAME) as database_url:
             env = portal_env(database_url, REDIS_URL)
             manage(["migrate", "--noinput"], env)
-            key = manage(["shell", "-c", CREATE_USER], env).stdout.strip().splitlines()[-1]
+            key = create_token_user(env, "api-latency benchmark")
             with gunicorn(env, free_port(), workers=2) as server, requests.Session() as session:
                 session.headers["Authorization"] = f"Token {key}"
                 jobs_url = f"{server.url}/api/v1/jobs/"

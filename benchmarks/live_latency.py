@@ -52,6 +52,7 @@ from benchmarks._servers import (
     _started,
     _tail,
     celery_worker,
+    create_token_user,
     free_port,
     gunicorn,
     manage,
@@ -75,14 +76,6 @@ JOB_COMMAND = (
     "--report-every 0.25"
 )
 AGENT_BATCH_ROWS = GPU_COUNT * 3  # what one sampler tick writes for the GPUs
-
-CREATE_USER = """
-from django.contrib.auth import get_user_model
-from portal.front.services import token_create
-user = get_user_model().objects.create_user("bench", "bench@example.org", "bench-pass-123")
-token, key = token_create(user, name="live-latency benchmark")
-print(key)
-"""
 
 # Times metrics_record on the scratch database; prints one JSON line. {rows}: rows per variant.
 INSERT_BENCH = """
@@ -334,7 +327,7 @@ def run(quick: bool = False) -> dict:
         ):
             env = portal_env(database_url, REDIS_URL, COSCHED_DATA_DIR=data_dir)
             manage(["migrate", "--noinput"], env)
-            key = manage(["shell", "-c", CREATE_USER], env).stdout.strip().splitlines()[-1]
+            key = create_token_user(env, "live-latency benchmark")
             with (
                 gunicorn(env, free_port(), workers=2) as server,
                 celery_worker(env, ["scheduler"], "bench-scheduler") as scheduler,
