@@ -175,3 +175,13 @@ def test_no_jobs_flag_and_a_later_run_with_jobs():
     assert Job.objects.first().command.endswith("--scale 0.05")
     load()  # another scale later: still no duplicates
     assert Job.objects.count() == 25
+
+
+def test_again_queues_a_new_round_each_time():
+    load()
+    load("--again", "--emulate-scale", "0.1")
+    load("--again")
+    assert Job.objects.count() == 75
+    names = set(Job.objects.filter(profile__name="LAMMPS").values_list("name", flat=True))
+    assert names == {"LAMMPS-1", "LAMMPS-1-r2", "LAMMPS-1-r3"}
+    assert Job.objects.get(name="CNN-MNIST-13-r2").command.endswith("--scale 0.1")

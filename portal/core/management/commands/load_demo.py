@@ -160,6 +160,12 @@ class Command(BaseCommand):
             default=None,
             help="append --scale X to the jobs' emulator command (e.g. 0.05 for a quick demo)",
         )
+        parser.add_argument(
+            "--again",
+            action="store_true",
+            help="queue the scenario's jobs once more (a new round; without it they are "
+            "submitted only once)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         with transaction.atomic():
@@ -172,7 +178,7 @@ class Command(BaseCommand):
             )
         jobs_created = 0
         if not options["no_jobs"]:
-            jobs_created = self._jobs(demo, options["emulate_scale"])
+            jobs_created = self._jobs(demo, options["emulate_scale"], options["again"])
         self.stdout.write(
             f"Profiles: {created_profiles} created ({ApplicationProfile.objects.count()} in all). "
             f"Nodes: {created_nodes} created. Policy: {policy.policy}"
@@ -247,19 +253,29 @@ class Command(BaseCommand):
                 )
         return created
 
-    def _jobs(self, demo: Any, scale: float | None) -> int:
+    def _jobs(self, demo: Any, scale: float | None, again: bool = False) -> int:
         created = 0
         suffix = f" --scale {scale:g}" if scale else ""
+        # Round 1's keys are the first ones ever used; --again takes the first unused round.
+        round_no = 1
+        if again:
+            round_no = 2
+            while Job.objects.filter(
+                owner=demo, idempotency_key__startswith=f"load_demo:004:r{round_no}:"
+            ).exists():
+                round_no += 1
+        prefix = "load_demo:004:" if round_no == 1 else f"load_demo:004:r{round_no}:"
+        tag = "" if round_no == 1 else f"-r{round_no}"
         for app, count in scenario_004():
             profile = ApplicationProfile.objects.get(name=app, version="1")
             for i in range(1, count + 1):
-                key = f"load_demo:004:{app}:{i}"
+                key = f"{prefix}{app}:{i}"
                 if Job.objects.filter(owner=demo, idempotency_key=key).exists():
                     continue  # submitted by an earlier run (perhaps with another --emulate-scale)
                 _job, was_created = services.job_submit(
                     demo,
                     idempotency_key=key,
-                    name=f"{app}-{i}",
+                    name=f"{app}-{i}{tag}",
                     command=f"python -m workers.emulate --profile {app}{suffix}",
                     profile=profile,
                     gpus=1,
