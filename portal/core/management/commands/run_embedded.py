@@ -9,6 +9,7 @@ the ``virtual`` backend's: simulated, not real.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import sys
 import threading
@@ -23,8 +24,9 @@ log = logging.getLogger("cosched.embedded")
 
 
 class EmbeddedLoop:
-    """The loop thread: a scheduling cycle whenever woken (or every ``interval`` seconds),
-    agent ticks, lost-node checks and cluster metrics."""
+    """The loop thread: a scheduling cycle and the agents' ticks whenever woken (or every
+    ``interval`` seconds), and the beat schedule's maintenance tasks (lost nodes, cluster
+    metrics, retention) at their own periods, run in this thread since there is no beat."""
 
     def __init__(self, agents: list[Any], interval: float = 2.0) -> None:
         self.agents = agents
@@ -32,8 +34,7 @@ class EmbeddedLoop:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cosched-loop", daemon=True)
-        self._last_metrics = 0.0
-        self._last_prune = 0.0
+        self._last_run: dict[str, float] = {}  # beat entry -> when it last ran (monotonic)
 
     def wake(self, reason: str = "") -> None:
         self._wake.set()
@@ -54,26 +55,22 @@ class EmbeddedLoop:
 
     def step(self) -> None:
         """One pass; public so a test can drive the loop without its thread."""
-        from datetime import timedelta
-
         from django.db import close_old_connections
 
-        from portal.core import metrics
-        from portal.core.nodes import nodes_mark_lost
+        from portal.celery import app
         from portal.core.scheduling import run_cycle
 
         close_old_connections()
         run_cycle()
         for agent in self.agents:
             agent.tick()
-        nodes_mark_lost(float(settings.COSCHED["NODE_DOWN_AFTER_S"]))
         now = time.monotonic()
-        if now - self._last_metrics >= 5:
-            self._last_metrics = now
-            metrics.metrics_cluster_snapshot()
-        if now - self._last_prune >= 3600:
-            self._last_prune = now
-            metrics.metrics_prune(timedelta(days=float(settings.COSCHED["METRICS_RETENTION_DAYS"])))
+        for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
+            if entry["task"] == "cosched.schedule_cycle":
+                continue  # every step runs a cycle
+            if now - self._last_run.get(name, -math.inf) >= float(entry["schedule"]):
+                self._last_run[name] = now
+                app.tasks[entry["task"]]()  # the task's body, in this thread
 
     def _run(self) -> None:
         from django.db import connections
