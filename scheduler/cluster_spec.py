@@ -164,8 +164,7 @@ def _parse_group(
         if model is None:
             known = ", ".join(sorted(models))
             raise InputError(
-                f"unknown GPU model {model_name!r}; known: {known} "
-                "(or define it under gpu_models)",
+                f"unknown GPU model {model_name!r}; known: {known} (or define it under gpu_models)",
                 **where("gpu_model"),
             )
         gpu_count = to_int(group.get("gpus_per_node", 1), minimum=1, **where("gpus_per_node"))
@@ -200,9 +199,7 @@ def _resolve_model(name: str, models: Mapping[str, GpuSpec]) -> str | None:
     return key if key in models else None
 
 
-def _parse_gpu_models(
-    section: Any, source: str | Path, sline: int | None
-) -> dict[str, GpuSpec]:
+def _parse_gpu_models(section: Any, source: str | Path, sline: int | None) -> dict[str, GpuSpec]:
     """Catalogue plus the file's overrides / new models."""
     models = dict(CATALOG)
     section = require_mapping(section, file=source, line=sline, field="gpu_models")
@@ -215,8 +212,11 @@ def _parse_gpu_models(
         base = models.get(name)
         values: dict[str, Any] = {}
         for key, value in fields.items():
-            loc = {"file": source, "line": line_of(fields, key) or mline,
-                   "field": f"gpu_models.{raw_name}.{key}"}
+            loc = {
+                "file": source,
+                "line": line_of(fields, key) or mline,
+                "field": f"gpu_models.{raw_name}.{key}",
+            }
             if key not in _GPU_FIELDS:
                 raise InputError(
                     f"unknown GPU field; expected {', '.join(sorted(_GPU_FIELDS))}", **loc
@@ -260,8 +260,9 @@ def _gpu_field(key: str, value: Any, loc: dict[str, Any]) -> Any:
         for p in value:
             p = require_mapping(p, **loc)
             try:
-                out.append(MigProfile(str(p["name"]), int(p["compute_slices"]),
-                                      int(p["memory_mb"])))
+                out.append(
+                    MigProfile(str(p["name"]), int(p["compute_slices"]), int(p["memory_mb"]))
+                )
             except (KeyError, TypeError, ValueError):
                 raise InputError(
                     f"bad MIG profile {dict(p)!r}; needs name, compute_slices, memory_mb", **loc

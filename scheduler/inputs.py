@@ -143,11 +143,13 @@ def to_float(
             f"expected a number, got {value!r}", file=file, line=line, field=field
         ) from None
     if not math.isfinite(number):
-        raise InputError(f"expected a finite number, got {value!r}", file=file, line=line,
-                         field=field)
+        raise InputError(
+            f"expected a finite number, got {value!r}", file=file, line=line, field=field
+        )
     if minimum is not None and number < minimum:
-        raise InputError(f"must be >= {minimum:g}, got {value!r}", file=file, line=line,
-                         field=field)
+        raise InputError(
+            f"must be >= {minimum:g}, got {value!r}", file=file, line=line, field=field
+        )
     return number
 
 
@@ -163,9 +165,9 @@ def to_int(
     number = to_float(value, file=file, line=line, field=field)
     assert number is not None
     if number != int(number):
-        raise InputError(f"expected a whole number, got {value!r}", file=file, line=line,
-                         field=field)
+        raise InputError(
+            f"expected a whole number, got {value!r}", file=file, line=line, field=field
+        )
     if minimum is not None and number < minimum:
-        raise InputError(f"must be >= {minimum}, got {value!r}", file=file, line=line,
-                         field=field)
+        raise InputError(f"must be >= {minimum}, got {value!r}", file=file, line=line, field=field)
     return int(number)

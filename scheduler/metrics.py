@@ -145,10 +145,28 @@ def latency_ms(latencies_s: Sequence[float]) -> tuple[float, float]:
 
 
 SUMMARY_COLUMNS = [
-    "policy", "jobs", "completed", "failed_oom", "unschedulable", "unfinished", "avg_jct_s",
-    "avg_queue_s", "makespan_s", "gpu_util", "avg_slowdown", "max_slowdown", "sd_max_diff_avg",
-    "weighted_speedup", "antt", "fairness", "oom_count", "decision_ms_p50", "decision_ms_p99",
-    "policy_calls", "events", "wall_s",
+    "policy",
+    "jobs",
+    "completed",
+    "failed_oom",
+    "unschedulable",
+    "unfinished",
+    "avg_jct_s",
+    "avg_queue_s",
+    "makespan_s",
+    "gpu_util",
+    "avg_slowdown",
+    "max_slowdown",
+    "sd_max_diff_avg",
+    "weighted_speedup",
+    "antt",
+    "fairness",
+    "oom_count",
+    "decision_ms_p50",
+    "decision_ms_p99",
+    "policy_calls",
+    "events",
+    "wall_s",
 ]
 
 

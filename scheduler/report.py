@@ -54,8 +54,9 @@ def jct_cdf_figure(jobs: pd.DataFrame) -> go.Figure:
         frac = np.arange(1, len(jct) + 1) / len(jct)
         pts = _thin(pd.DataFrame({"x": jct, "y": frac}))
         fig.add_trace(go.Scatter(x=pts["x"], y=pts["y"], mode="lines", name=str(policy)))
-    return _layout(fig, "Job completion time (CDF)", label.replace("time", "JCT"),
-                   "fraction of jobs")
+    return _layout(
+        fig, "Job completion time (CDF)", label.replace("time", "JCT"), "fraction of jobs"
+    )
 
 
 def utilisation_figure(timeline: pd.DataFrame, gpu_count: int) -> go.Figure:
@@ -65,8 +66,11 @@ def utilisation_figure(timeline: pd.DataFrame, gpu_count: int) -> go.Figure:
     for policy, group in timeline.groupby("policy", sort=False):
         pts = _thin(group)
         util = pts["busy_gpus"] / gpu_count if gpu_count else pts["busy_gpus"] * np.nan
-        fig.add_trace(go.Scatter(x=pts["t_s"] / divisor, y=util, mode="lines",
-                                 line_shape="hv", name=str(policy)))
+        fig.add_trace(
+            go.Scatter(
+                x=pts["t_s"] / divisor, y=util, mode="lines", line_shape="hv", name=str(policy)
+            )
+        )
     fig = _layout(fig, "GPU utilisation", label, "busy GPUs (fraction)")
     fig.update_yaxes(range=[0, 1.05])
     return fig
@@ -78,11 +82,25 @@ def slowdown_figure(samples: pd.DataFrame) -> go.Figure:
     divisor, label = _time_axis([samples])
     for policy, group in samples.groupby("policy", sort=False):
         pts = _thin(group)
-        fig.add_trace(go.Scatter(x=pts["t_s"] / divisor, y=pts["mean"], mode="lines",
-                                 name=f"{policy} mean SD", legendgroup=str(policy)))
-        fig.add_trace(go.Scatter(x=pts["t_s"] / divisor, y=pts["max_diff"], mode="lines",
-                                 line={"dash": "dot"}, name=f"{policy} SD_max_diff",
-                                 legendgroup=str(policy)))
+        fig.add_trace(
+            go.Scatter(
+                x=pts["t_s"] / divisor,
+                y=pts["mean"],
+                mode="lines",
+                name=f"{policy} mean SD",
+                legendgroup=str(policy),
+            )
+        )
+        fig.add_trace(
+            go.Scatter(
+                x=pts["t_s"] / divisor,
+                y=pts["max_diff"],
+                mode="lines",
+                line={"dash": "dot"},
+                name=f"{policy} SD_max_diff",
+                legendgroup=str(policy),
+            )
+        )
     return _layout(fig, "Slow-Down of running jobs (ALGORITHMS §5)", label, "Slow-Down")
 
 
@@ -92,8 +110,15 @@ def queue_figure(timeline: pd.DataFrame) -> go.Figure:
     divisor, label = _time_axis([timeline])
     for policy, group in timeline.groupby("policy", sort=False):
         pts = _thin(group)
-        fig.add_trace(go.Scatter(x=pts["t_s"] / divisor, y=pts["queued"], mode="lines",
-                                 line_shape="hv", name=str(policy)))
+        fig.add_trace(
+            go.Scatter(
+                x=pts["t_s"] / divisor,
+                y=pts["queued"],
+                mode="lines",
+                line_shape="hv",
+                name=str(policy),
+            )
+        )
     return _layout(fig, "Queue length", label, "queued jobs")
 
 
@@ -118,8 +143,9 @@ def write_report(
     parts = []
     for i, fig in enumerate(figures):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
-    table = summary.to_html(index=False, float_format=lambda v: f"{v:,.3f}", border=0,
-                            classes="summary")
+    table = summary.to_html(
+        index=False, float_format=lambda v: f"{v:,.3f}", border=0, classes="summary"
+    )
     doc = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>

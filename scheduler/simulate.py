@@ -55,20 +55,34 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--scenario", help="built-in scenario name or scenario YAML path")
     src.add_argument("--list-scenarios", action="store_true", help="list built-in scenarios")
     src.add_argument("--trace", help="trace CSV (Gavel, Cosched profile trace, Alibaba pods)")
-    src.add_argument("--trace-format", choices=["gavel", "profile", "alibaba"],
-                     help="trace format (default: detected from the header)")
+    src.add_argument(
+        "--trace-format",
+        choices=["gavel", "profile", "alibaba"],
+        help="trace format (default: detected from the header)",
+    )
     src.add_argument("--profiles", help="profiles YAML of a profile trace")
     src.add_argument("--cluster", help="cluster spec YAML")
     src.add_argument("--limit", type=int, help="only the first N jobs of the trace")
-    p.add_argument("--policy", action="append", dest="policies", metavar="NAME",
-                   help="policy to run (repeatable; default: the scenario's, else fifo)")
-    p.add_argument("--interference", help="measured, class_based or none "
-                   "(default: the scenario's, else measured)")
+    p.add_argument(
+        "--policy",
+        action="append",
+        dest="policies",
+        metavar="NAME",
+        help="policy to run (repeatable; default: the scenario's, else fifo)",
+    )
+    p.add_argument(
+        "--interference",
+        help="measured, class_based or none (default: the scenario's, else measured)",
+    )
     p.add_argument("--seed", type=int, help="random seed (default: the scenario's, else 0)")
     p.add_argument("--oom-action", choices=[a.value for a in OomAction])
     p.add_argument("--context-switch-overhead", type=float, metavar="FRACTION")
-    p.add_argument("--reschedule-interval", type=float, metavar="SECONDS",
-                   help="also call the policy periodically")
+    p.add_argument(
+        "--reschedule-interval",
+        type=float,
+        metavar="SECONDS",
+        help="also call the policy periodically",
+    )
     p.add_argument("--max-time", type=float, metavar="SECONDS", help="stop at this time")
     p.add_argument("--out", help="directory for summary.csv, jobs.csv and report.html")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -108,14 +122,14 @@ def _run(args: argparse.Namespace) -> int:
         interference = args.interference or sc.interference
     else:
         if not args.trace or not args.cluster:
-            raise InputError("give --scenario NAME, or both --trace and --cluster "
-                             "(see --help, --list-scenarios)")
+            raise InputError(
+                "give --scenario NAME, or both --trace and --cluster (see --help, --list-scenarios)"
+            )
         from scheduler.cluster_spec import load_cluster_spec
         from scheduler.traces import read_trace
 
         cluster = load_cluster_spec(args.cluster)
-        jobs = read_trace(args.trace, fmt=args.trace_format, profiles=args.profiles,
-                          limit=None)
+        jobs = read_trace(args.trace, fmt=args.trace_format, profiles=args.profiles, limit=None)
         title = f"{Path(args.trace).name} on {Path(args.cluster).name}"
         config = SimConfig()
         policies = args.policies or ["fifo"]
@@ -137,17 +151,29 @@ def _run(args: argparse.Namespace) -> int:
     config = dataclasses.replace(config, **overrides)
 
     results = run_policies(
-        cluster, jobs, policies, params=params, interference=interference, config=config,
+        cluster,
+        jobs,
+        policies,
+        params=params,
+        interference=interference,
+        config=config,
         progress=not args.quiet,
     )
     summary = summary_frame(results)
-    print(f"{title}: {len(jobs)} jobs, {cluster.describe()}, interference {interference}, "
-          f"seed {config.seed}")
+    print(
+        f"{title}: {len(jobs)} jobs, {cluster.describe()}, interference {interference}, "
+        f"seed {config.seed}"
+    )
     print(format_table(summary))
     if args.out:
-        paths = write_outputs(Path(args.out), results, summary, title=title,
-                              notes=f"{len(jobs)} jobs; {cluster.describe()}; "
-                                    f"interference {interference}; seed {config.seed}")
+        paths = write_outputs(
+            Path(args.out),
+            results,
+            summary,
+            title=title,
+            notes=f"{len(jobs)} jobs; {cluster.describe()}; "
+            f"interference {interference}; seed {config.seed}",
+        )
         print("wrote " + ", ".join(str(p) for p in paths))
     return 0
 
@@ -180,8 +206,11 @@ def run_policies(
                 tick(done - _seen[0])
                 _seen[0] = done
 
-            results.append(simulate(cluster, jobs, policy, interference=model, config=config,
-                                    on_job_end=on_end))
+            results.append(
+                simulate(
+                    cluster, jobs, policy, interference=model, config=config, on_job_end=on_end
+                )
+            )
             tick(len(jobs) - done_before[0])
     finally:
         if bar is not None:
@@ -209,9 +238,17 @@ def format_table(summary: pd.DataFrame) -> str:
     """The comparison table as fixed-width text."""
     table = summary[list(TABLE_COLUMNS)].rename(columns=TABLE_COLUMNS)
     formats = {
-        "avg_jct_s": "{:,.0f}", "avg_queue_s": "{:,.0f}", "makespan_s": "{:,.0f}",
-        "gpu_util": "{:.3f}", "avg_sd": "{:.2f}", "max_sd": "{:.2f}", "w_speedup": "{:.2f}",
-        "antt": "{:.2f}", "fairness": "{:.2f}", "dec_ms_p50": "{:.3f}", "dec_ms_p99": "{:.3f}",
+        "avg_jct_s": "{:,.0f}",
+        "avg_queue_s": "{:,.0f}",
+        "makespan_s": "{:,.0f}",
+        "gpu_util": "{:.3f}",
+        "avg_sd": "{:.2f}",
+        "max_sd": "{:.2f}",
+        "w_speedup": "{:.2f}",
+        "antt": "{:.2f}",
+        "fairness": "{:.2f}",
+        "dec_ms_p50": "{:.3f}",
+        "dec_ms_p99": "{:.3f}",
         "wall_s": "{:.2f}",
     }
     shown = table.copy().astype(object)
@@ -221,7 +258,11 @@ def format_table(summary: pd.DataFrame) -> str:
 
 
 def write_outputs(
-    out: Path, results: Sequence[SimResult], summary: pd.DataFrame, *, title: str,
+    out: Path,
+    results: Sequence[SimResult],
+    summary: pd.DataFrame,
+    *,
+    title: str,
     notes: str = "",
 ) -> list[Path]:
     """Write summary.csv, jobs.csv and report.html into ``out``; returns their paths."""
@@ -235,9 +276,18 @@ def write_outputs(
     summary.to_csv(paths[0], index=False)
     jobs.to_csv(paths[1], index=False)
     gpu_count = results[0].gpu_count if results else 0
-    paths.append(write_report(out / "report.html", title=title, summary=summary, jobs=jobs,
-                              timeline=timeline, samples=samples, gpu_count=gpu_count,
-                              notes=notes))
+    paths.append(
+        write_report(
+            out / "report.html",
+            title=title,
+            summary=summary,
+            jobs=jobs,
+            timeline=timeline,
+            samples=samples,
+            gpu_count=gpu_count,
+            notes=notes,
+        )
+    )
     return paths
 
 

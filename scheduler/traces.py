@@ -39,7 +39,14 @@ GAVEL_TRACES_DIR = DATA_DIR / "gavel" / "traces"
 GAVEL_COLUMNS = ("job_id", "job_type", "arrival_time_s", "total_steps", "scale_factor")
 PROFILE_TRACE_COLUMNS = ("job_id", "arrival_s", "profile")
 PROFILE_TRACE_OPTIONAL = (
-    "name", "gpus", "gpu_memory_mb", "cpus", "memory_mb", "priority", "kind", "job_type",
+    "name",
+    "gpus",
+    "gpu_memory_mb",
+    "cpus",
+    "memory_mb",
+    "priority",
+    "kind",
+    "job_type",
 )
 ALIBABA_COLUMNS = ("name", "cpu_milli", "num_gpu", "gpu_milli", "creation_time", "deletion_time")
 
@@ -98,8 +105,9 @@ def _load_solo_throughputs(path: str) -> dict[tuple[str, int], dict[str, float]]
         try:
             model = canonical_model(row["gpu_type"])
         except UnknownGpuModel:
-            raise InputError(f"unknown GPU type {row['gpu_type']!r}", file=path, line=line,
-                             field="gpu_type") from None
+            raise InputError(
+                f"unknown GPU type {row['gpu_type']!r}", file=path, line=line, field="gpu_type"
+            ) from None
         scale = to_int(row["scale_factor"], file=path, line=line, field="scale_factor", minimum=1)
         tput = to_float(row["throughput"], file=path, line=line, field="throughput", minimum=0)
         entry = table.setdefault((row["job_type"], scale), {})
@@ -156,8 +164,9 @@ def read_gavel_trace(
                 **loc,
             )
         if not tputs:
-            raise InputError(f"job type {job_type!r} is infeasible on every GPU model",
-                             field="job_type", **loc)
+            raise InputError(
+                f"job type {job_type!r} is infeasible on every GPU model", field="job_type", **loc
+            )
         assert arrival is not None and steps is not None
         key = (job_type, scale, steps)
         profile = profiles.get(key)
@@ -219,16 +228,24 @@ def parse_profiles(data: Any, *, source: str | Path = "<profiles>") -> dict[str,
     top = require_mapping(data, file=source, line=line_of(data, 0), field="profiles")
     items = top.get("profiles")
     if not isinstance(items, list):
-        raise InputError("expected a list under 'profiles'", file=source,
-                         line=line_of(top, "profiles"), field="profiles")
+        raise InputError(
+            "expected a list under 'profiles'",
+            file=source,
+            line=line_of(top, "profiles"),
+            field="profiles",
+        )
     out: dict[str, Profile] = {}
     for i, item in enumerate(items):
         iline = line_of(items, i)
         item = require_mapping(item, file=source, line=iline, field=f"profiles[{i}]")
         profile = _parse_profile(item, i, source, iline)
         if profile.name in out:
-            raise InputError(f"profile {profile.name!r} defined twice", file=source,
-                             line=iline, field=f"profiles[{i}].name")
+            raise InputError(
+                f"profile {profile.name!r} defined twice",
+                file=source,
+                line=iline,
+                field=f"profiles[{i}].name",
+            )
         out[profile.name] = profile
     return out
 
@@ -236,8 +253,7 @@ def parse_profiles(data: Any, *, source: str | Path = "<profiles>") -> dict[str,
 def _parse_profile(item: Mapping, i: int, source: str | Path, iline: int | None) -> Profile:
     values: dict[str, Any] = {}
     for key, value in item.items():
-        loc = {"file": source, "line": line_of(item, key) or iline,
-               "field": f"profiles[{i}].{key}"}
+        loc = {"file": source, "line": line_of(item, key) or iline, "field": f"profiles[{i}].{key}"}
         fld = _PROFILE_FIELDS.get(key)
         if fld is None:
             raise InputError("unknown profile field", **loc)
@@ -245,8 +261,9 @@ def _parse_profile(item: Mapping, i: int, source: str | Path, iline: int | None)
             continue
         values[key] = _profile_value(key, str(fld.type), value, loc)
     if "name" not in values:
-        raise InputError("every profile needs a name", file=source, line=iline,
-                         field=f"profiles[{i}].name")
+        raise InputError(
+            "every profile needs a name", file=source, line=iline, field=f"profiles[{i}].name"
+        )
     return Profile(**values)
 
 
@@ -321,16 +338,18 @@ def read_profile_trace(
         profile = profiles.get(row["profile"])
         if profile is None:
             known = ", ".join(sorted(profiles)) or "none"
-            raise InputError(f"unknown profile {row['profile']!r}; known: {known}",
-                             field="profile", **loc)
+            raise InputError(
+                f"unknown profile {row['profile']!r}; known: {known}", field="profile", **loc
+            )
         kind = profile.kind
         if row.get("kind"):
             try:
                 kind = JobKind(row["kind"])
             except ValueError:
                 raise InputError(f"unknown kind {row['kind']!r}", field="kind", **loc) from None
-        mem = to_float(row.get("gpu_memory_mb"), field="gpu_memory_mb", minimum=0,
-                       allow_none=True, **loc)
+        mem = to_float(
+            row.get("gpu_memory_mb"), field="gpu_memory_mb", minimum=0, allow_none=True, **loc
+        )
         jobs.append(
             JobSpec(
                 id=job_id,
@@ -340,8 +359,7 @@ def read_profile_trace(
                 gpus=to_int(row.get("gpus") or 1, field="gpus", minimum=0, **loc),
                 gpu_memory_mb=mem,
                 cpus=to_int(row.get("cpus") or 1, field="cpus", minimum=1, **loc),
-                memory_mb=to_float(row.get("memory_mb") or 0, field="memory_mb", minimum=0,
-                                   **loc),
+                memory_mb=to_float(row.get("memory_mb") or 0, field="memory_mb", minimum=0, **loc),
                 priority=to_int(row.get("priority") or 0, field="priority", **loc),
                 profile=profile,
                 job_type=row.get("job_type") or None,
@@ -363,11 +381,21 @@ def write_profile_trace(
             if job.profile is None:
                 raise ValueError(f"job {job.id} has no profile")
             profiles.setdefault(job.profile.name, job.profile)
-            writer.writerow([
-                job.id, repr(float(job.arrival_s)), job.profile.name, job.name, job.gpus,
-                "" if job.gpu_memory_mb is None else job.gpu_memory_mb, job.cpus,
-                job.memory_mb, job.priority, job.kind.value, job.job_type or "",
-            ])
+            writer.writerow(
+                [
+                    job.id,
+                    repr(float(job.arrival_s)),
+                    job.profile.name,
+                    job.name,
+                    job.gpus,
+                    "" if job.gpu_memory_mb is None else job.gpu_memory_mb,
+                    job.cpus,
+                    job.memory_mb,
+                    job.priority,
+                    job.kind.value,
+                    job.job_type or "",
+                ]
+            )
     docs = [profile_to_dict(p) for p in profiles.values()]
     Path(profiles_path).write_text(yaml.safe_dump({"profiles": docs}, sort_keys=False))
 
@@ -494,8 +522,9 @@ def read_trace(
             profiles = guess
         jobs = read_profile_trace(path, profiles)
     else:
-        raise InputError(f"unknown trace format {fmt!r}; known: {', '.join(TRACE_FORMATS)}",
-                         file=path)
+        raise InputError(
+            f"unknown trace format {fmt!r}; known: {', '.join(TRACE_FORMATS)}", file=path
+        )
     return jobs[:limit] if limit is not None else jobs
 
 

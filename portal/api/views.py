@@ -212,7 +212,6 @@ class JobViewSet(
         job = selectors.job_for_user(request.user, job.pk)
         return Response(JobSerializer(job, context=self.get_serializer_context()).data)
 
-
     def _control(self, request: Request, verb: str) -> Response:
         job = self.get_object()
         actor = f"user:{request.user.get_username()}"
@@ -261,6 +260,7 @@ class JobViewSet(
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         return self._control(request, "resume")
+
 
 @extend_schema_view(
     list=extend_schema(

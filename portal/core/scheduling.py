@@ -385,13 +385,19 @@ def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> tuple[str, 
     try:
         if action.kind == ActionKind.PAUSE:
             job_transition(
-                Job(pk=job_id), JobState.PAUSED, actor=actor, message=message,
+                Job(pk=job_id),
+                JobState.PAUSED,
+                actor=actor,
+                message=message,
                 expected=JobState.RUNNING,
             )
             return (node, "pause") if node else None
         if action.kind == ActionKind.RESUME:
             job_transition(
-                Job(pk=job_id), JobState.RUNNING, actor=actor, message=message,
+                Job(pk=job_id),
+                JobState.RUNNING,
+                actor=actor,
+                message=message,
                 expected=JobState.PAUSED,
             )
             return (node, "resume") if node else None
@@ -403,7 +409,10 @@ def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> tuple[str, 
         return None
     # Actions the live path does not act on yet (data ratio, worker count): keep the reason.
     JobEvent.objects.create(
-        job_id=job_id, from_state="", to_state="", actor=actor,
+        job_id=job_id,
+        from_state="",
+        to_state="",
+        actor=actor,
         message=f"{message} (not applied live: {action.kind.value})",
     )
     return None

@@ -1,7 +1,7 @@
 """The job state machine, in one place (pure Python; the service layer applies it to rows).
 
-    PENDING -> SCHEDULED -> RUNNING <-> PAUSED -> COMPLETED | FAILED | CANCELLED
-    SCHEDULED / RUNNING / PAUSED -> PENDING   (requeue: node lost, OOM requeue, preemption)
+PENDING -> SCHEDULED -> RUNNING <-> PAUSED -> COMPLETED | FAILED | CANCELLED
+SCHEDULED / RUNNING / PAUSED -> PENDING   (requeue: node lost, OOM requeue, preemption)
 """
 
 from __future__ import annotations

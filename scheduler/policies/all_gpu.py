@@ -28,8 +28,10 @@ class AllGpuPolicy(UsedMemoryGuard):
         self, job: JobSpec, chosen: Candidate, cands: list[Candidate], view: WorkingView
     ) -> str:
         if not chosen.gpus:
-            return (f"placed {self.placement_text(job, chosen)}: asks for no GPU; first CPU "
-                    f"node in order with the cores")
+            return (
+                f"placed {self.placement_text(job, chosen)}: asks for no GPU; first CPU "
+                f"node in order with the cores"
+            )
         return (
             f"placed {self.placement_text(job, chosen)} {self.residents_text(chosen)}: first "
             f"GPU in cluster order that fits (queue order, GPU nodes only); "

@@ -147,8 +147,9 @@ class ExecPlanPolicy(Policy):
         p = self.params
         inner_name = p["placement"]
         if not isinstance(inner_name, str) or inner_name.endswith("exec_plan"):
-            raise PolicyError(f"policy {self.name!r}: placement must name a placement policy, "
-                              f"got {inner_name!r}")
+            raise PolicyError(
+                f"policy {self.name!r}: placement must name a placement policy, got {inner_name!r}"
+            )
         inner_params = {**dict(p.get("placement_params") or {}), **passed}
         self.inner = build_policy(inner_name, inner_params)
         try:
@@ -156,11 +157,15 @@ class ExecPlanPolicy(Policy):
             self.alpha_mb = float(p["alpha_mb"])
             self.lookahead = float(p["lookahead_intervals"])
         except (TypeError, ValueError) as exc:
-            raise PolicyError(f"policy {self.name!r}: interval_s, alpha_mb and "
-                              "lookahead_intervals must be numbers") from exc
+            raise PolicyError(
+                f"policy {self.name!r}: interval_s, alpha_mb and "
+                "lookahead_intervals must be numbers"
+            ) from exc
         if self.interval_s <= 0 or self.alpha_mb < 0 or self.lookahead < 0:
-            raise PolicyError(f"policy {self.name!r}: interval_s must be > 0, alpha_mb and "
-                              "lookahead_intervals >= 0")
+            raise PolicyError(
+                f"policy {self.name!r}: interval_s must be > 0, alpha_mb and "
+                "lookahead_intervals >= 0"
+            )
         self.priority_features = check_features(
             self.name, p.get("priority_features") or DEFAULT_FEATURES
         )
@@ -204,9 +209,14 @@ class ExecPlanPolicy(Policy):
         # into it: judge it by that step (its next one), not by how far it would get within
         # the look-ahead. Otherwise a job whose speed the profile underrates (a scaled demo,
         # a faster GPU) is resumed while its next step still does not fit, and paused again.
-        return job_need(r.job, r.progress, rate_per_s=rate,
-                        horizon_s=self.lookahead * self.interval_s, alpha_mb=self.alpha_mb,
-                        through_next_step=r.paused)
+        return job_need(
+            r.job,
+            r.progress,
+            rate_per_s=rate,
+            horizon_s=self.lookahead * self.interval_s,
+            alpha_mb=self.alpha_mb,
+            through_next_step=r.paused,
+        )
 
     def priorities(self, group: Sequence[RunningJob], model: str) -> dict[str, float]:
         jobs = [r.job for r in group]
@@ -234,19 +244,24 @@ class ExecPlanPolicy(Policy):
         total = sum(needs[j].used_mb if j in paused else needs[j].need_mb for j in needs)
         actions: list[Action] = []
         if total > cap + _TOL_MB:
-            growing = sorted((j for j in needs if j not in paused and needs[j].growing),
-                             key=low_first)
+            growing = sorted(
+                (j for j in needs if j not in paused and needs[j].growing), key=low_first
+            )
             for job_id in growing:
                 if total <= cap + _TOL_MB:
                     break
                 m = needs[job_id]
-                actions.append(Action(
-                    ActionKind.PAUSE, job_id, self.name,
-                    f"paused {now - started[job_id]:.0f} s after its start: "
-                    f"{self.step_text(m)} needs {gb(m.need_mb)} GB, "
-                    f"{gb(total)} of {gb(cap)} GB predicted on {label}; lowest priority among "
-                    f"the growing jobs of the {len(group)} there (rate {prio[job_id]:.3f})",
-                ))
+                actions.append(
+                    Action(
+                        ActionKind.PAUSE,
+                        job_id,
+                        self.name,
+                        f"paused {now - started[job_id]:.0f} s after its start: "
+                        f"{self.step_text(m)} needs {gb(m.need_mb)} GB, "
+                        f"{gb(total)} of {gb(cap)} GB predicted on {label}; lowest priority among "
+                        f"the growing jobs of the {len(group)} there (rate {prio[job_id]:.3f})",
+                    )
+                )
                 total -= m.need_mb - m.used_mb
                 paused.add(job_id)
         else:
@@ -257,22 +272,28 @@ class ExecPlanPolicy(Policy):
                 if after <= cap + _TOL_MB:
                     why = f"{gb(after)} of {gb(cap)} GB predicted on {label}"
                 elif not running:
-                    why = (f"alone on {label}, so it runs although {gb(after)} GB exceeds "
-                           f"{gb(cap)} GB")
+                    why = (
+                        f"alone on {label}, so it runs although {gb(after)} GB exceeds {gb(cap)} GB"
+                    )
                 else:
                     continue
-                actions.append(Action(
-                    ActionKind.RESUME, job_id, self.name,
-                    f"resumed {now - started[job_id]:.0f} s after its start: "
-                    f"{self.step_text(m)} needs {gb(m.need_mb)} GB, "
-                    f"{why}",
-                ))
+                actions.append(
+                    Action(
+                        ActionKind.RESUME,
+                        job_id,
+                        self.name,
+                        f"resumed {now - started[job_id]:.0f} s after its start: "
+                        f"{self.step_text(m)} needs {gb(m.need_mb)} GB, "
+                        f"{why}",
+                    )
+                )
                 total = after
                 paused.discard(job_id)
                 running.append(job_id)
         reserved = sum(
-            needs[j].need_mb if j in paused else (
-                needs[j].need_mb if needs[j].growing else needs[j].used_mb)
+            needs[j].need_mb
+            if j in paused
+            else (needs[j].need_mb if needs[j].growing else needs[j].used_mb)
             for j in needs
         )
         return actions, reserved

@@ -199,8 +199,10 @@ class MysticPolicy(FrameworkPolicy):
             shared = [c for c in cands if c.residents]
             closest = max(chosen.residents, key=lambda r: self.similarity(job, r))
             basis = self.similarity_basis(job, closest)
-            how = f"cosine similarity {sim:.2f} of {basis}" if basis else (
-                f"similarity {sim:.2f} assumed (no comparable metric vectors)"
+            how = (
+                f"cosine similarity {sim:.2f} of {basis}"
+                if basis
+                else (f"similarity {sim:.2f} assumed (no comparable metric vectors)")
             )
             why = f"least similar residents, {how} (lowest of {len(shared)} shared-GPU groups)"
         return (

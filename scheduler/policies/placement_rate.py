@@ -109,9 +109,7 @@ def job_times(job: JobSpec, gpu_models: frozenset[str], has_cpu_nodes: bool) -> 
     unprofiled = job.profile is None or not job.profile.gpu_time_s
     can_gpu = job.gpus >= 1 and (best is not None or unprofiled)
     can_cpu = has_cpu_nodes and (job.gpus == 0 or (cpu is not None and job.gpus == 1))
-    return JobTimes(
-        best[0] if best else None, best[1] if best else None, cpu, can_gpu, can_cpu
-    )
+    return JobTimes(best[0] if best else None, best[1] if best else None, cpu, can_gpu, can_cpu)
 
 
 def feature_value(name: str, job: JobSpec, times: JobTimes, now_s: float) -> float:
@@ -156,12 +154,16 @@ def placement_rates(
 
 def check_features(policy: str, features: Any) -> dict[str, float]:
     if not isinstance(features, Mapping) or not features:
-        raise PolicyError(f"policy {policy!r}: features must be a non-empty mapping "
-                          f"feature -> weight; known features: {', '.join(FEATURES)}")
+        raise PolicyError(
+            f"policy {policy!r}: features must be a non-empty mapping "
+            f"feature -> weight; known features: {', '.join(FEATURES)}"
+        )
     unknown = set(features) - set(FEATURES)
     if unknown:
-        raise PolicyError(f"policy {policy!r}: unknown rate feature(s) "
-                          f"{', '.join(sorted(unknown))}; known: {', '.join(FEATURES)}")
+        raise PolicyError(
+            f"policy {policy!r}: unknown rate feature(s) "
+            f"{', '.join(sorted(unknown))}; known: {', '.join(FEATURES)}"
+        )
     try:
         return {k: float(v) for k, v in features.items()}
     except (TypeError, ValueError) as exc:
@@ -189,8 +191,7 @@ class UsedMemoryGuard(FrameworkPolicy):
             return True
         need = self.start_memory(job)
         return all(
-            self._used.get((g.node.name, g.index), 0.0) + need
-            <= g.spec.memory_mb + _MEM_TOL_MB
+            self._used.get((g.node.name, g.index), 0.0) + need <= g.spec.memory_mb + _MEM_TOL_MB
             for g in cand.gpus
         )
 
@@ -394,8 +395,7 @@ class PlacementRatePolicy(UsedMemoryGuard):
                 cpu_finish, _, cpu_done = _list_schedule(cpu_heap, c_dur[k:])  # type: ignore
                 cpu_finish = max(cpu_finish, base_cpu)
             else:  # bounds: no list schedule per split
-                cpu_finish = max(base_cpu, suffix_long[k],
-                                 (busy + suffix_work[k]) / len(cpu_slots))
+                cpu_finish = max(base_cpu, suffix_long[k], (busy + suffix_work[k]) / len(cpu_slots))
                 cpu_done = suffix_work[k] * (f - k)
             span = max(gpu_finish[k], cpu_finish)
             key = (round(span, 6), round(gpu_done[k] + base_done + cpu_done, 6), -k)
@@ -444,17 +444,21 @@ class PlacementRatePolicy(UsedMemoryGuard):
         if side == "cpu":
             up = [n for n in view.cpu_nodes if n.up]
             most = max((n.free_cores for n in up), default=0)
-            return (f"CPU side: needs {job.cpus} free cores on a CPU node (most free: {most}, "
-                    f"{len(up)} CPU nodes up)")
+            return (
+                f"CPU side: needs {job.cpus} free cores on a CPU node (most free: {most}, "
+                f"{len(up)} CPU nodes up)"
+            )
         return "GPU side: " + super().no_fit_reason(job, view)
 
     # -- explanations --------------------------------------------------------------------------
 
     def rank_text(self, job_id: str) -> str:
         c = self._cycle
-        return (f"rate {c.rate.get(job_id, 0.0):.3f}, {ordinal(c.position.get(job_id, 0))} "
-                f"of {c.n}; GPU capacity for {c.gpu_capacity} job"
-                f"{'' if c.gpu_capacity == 1 else 's'}")
+        return (
+            f"rate {c.rate.get(job_id, 0.0):.3f}, {ordinal(c.position.get(job_id, 0))} "
+            f"of {c.n}; GPU capacity for {c.gpu_capacity} job"
+            f"{'' if c.gpu_capacity == 1 else 's'}"
+        )
 
     def explain(
         self, job: JobSpec, chosen: Candidate, cands: list[Candidate], view: WorkingView
@@ -477,4 +481,3 @@ class PlacementRatePolicy(UsedMemoryGuard):
             f"{self.fit_text(job, chosen)}; predicted GPU side {c.gpu_finish_s:.0f} s, "
             f"CPU side {c.cpu_finish_s:.0f} s"
         )
-

@@ -36,8 +36,17 @@ from scheduler.traces import load_profiles, read_trace
 SCENARIO_DIR = Path(__file__).resolve().parent
 
 _TOP_FIELDS = {
-    "name", "description", "cluster", "cluster_file", "trace", "workload", "policies",
-    "policy_params", "interference", "simulation", "notes",
+    "name",
+    "description",
+    "cluster",
+    "cluster_file",
+    "trace",
+    "workload",
+    "policies",
+    "policy_params",
+    "interference",
+    "simulation",
+    "notes",
 }
 _SIM_FIELDS = {f.name: f for f in dataclasses.fields(SimConfig)}
 
@@ -90,27 +99,35 @@ def load_scenario(name: str) -> Scenario:
     unknown = set(top) - _TOP_FIELDS
     if unknown:
         key = sorted(unknown)[0]
-        raise InputError(f"unknown field; expected {', '.join(sorted(_TOP_FIELDS))}",
-                         file=path, line=line_of(top, key), field=key)
+        raise InputError(
+            f"unknown field; expected {', '.join(sorted(_TOP_FIELDS))}",
+            file=path,
+            line=line_of(top, key),
+            field=key,
+        )
     base = path.parent
     if "cluster" in top:
         cluster = parse_cluster_spec(top["cluster"], source=path)
     elif "cluster_file" in top:
         cluster = load_cluster_spec(base / str(top["cluster_file"]))
     else:
-        raise InputError("a scenario needs 'cluster' or 'cluster_file'", file=path, line=1,
-                         field="cluster")
+        raise InputError(
+            "a scenario needs 'cluster' or 'cluster_file'", file=path, line=1, field="cluster"
+        )
     if "trace" in top:
         jobs = _trace_jobs(top["trace"], base, path, line_of(top, "trace"))
     elif "workload" in top:
         jobs = _workload_jobs(top["workload"], base, path, line_of(top, "workload"))
     else:
-        raise InputError("a scenario needs 'trace' or 'workload'", file=path, line=1,
-                         field="trace")
+        raise InputError("a scenario needs 'trace' or 'workload'", file=path, line=1, field="trace")
     policies = top.get("policies") or ["fifo"]
     if not isinstance(policies, list) or not all(isinstance(p, str) for p in policies):
-        raise InputError("expected a list of policy names", file=path,
-                         line=line_of(top, "policies"), field="policies")
+        raise InputError(
+            "expected a list of policy names",
+            file=path,
+            line=line_of(top, "policies"),
+            field="policies",
+        )
     params = top.get("policy_params") or {}
     require_mapping(params, file=path, line=line_of(top, "policy_params"), field="policy_params")
     return Scenario(
@@ -148,8 +165,9 @@ def _workload_jobs(section: Any, base: Path, path: Path, sline: int | None) -> l
     if "profiles" not in section:
         raise InputError("missing profiles file", **loc("profiles"))
     profiles = load_profiles(base / str(section["profiles"]))
-    interval = to_float(section.get("arrival_interval_s", 0), minimum=0,
-                        **loc("arrival_interval_s"))
+    interval = to_float(
+        section.get("arrival_interval_s", 0), minimum=0, **loc("arrival_interval_s")
+    )
     start = to_float(section.get("start_s", 0), minimum=0, **loc("start_s"))
     order = section.get("order", "sequential")
     if order not in ("sequential", "round_robin"):
@@ -164,15 +182,15 @@ def _workload_jobs(section: Any, base: Path, path: Path, sline: int | None) -> l
         gloc = {"file": path, "line": gline, "field": f"workload.jobs[{i}]"}
         name = g.get("profile")
         if name not in profiles:
-            raise InputError(f"unknown profile {name!r}; known: {', '.join(sorted(profiles))}",
-                             **gloc)
+            raise InputError(
+                f"unknown profile {name!r}; known: {', '.join(sorted(profiles))}", **gloc
+            )
         n = to_int(g.get("count", 1), minimum=1, **gloc)
         fields = {
             "gpus": to_int(g.get("gpus", 1), minimum=0, **gloc),
             "cpus": to_int(g.get("cpus", 1), minimum=1, **gloc),
             "priority": to_int(g.get("priority", 0), **gloc),
-            "gpu_memory_mb": to_float(g.get("gpu_memory_mb"), minimum=0, allow_none=True,
-                                      **gloc),
+            "gpu_memory_mb": to_float(g.get("gpu_memory_mb"), minimum=0, allow_none=True, **gloc),
             "job_type": g.get("job_type"),
         }
         expanded.append([(fields, name)] * n)

@@ -72,10 +72,35 @@ _PENDING, _RUNNING, _DONE = "pending", "running", "done"
 
 class _Job:
     __slots__ = (
-        "spec", "seq", "status", "placement", "gpus", "node", "model", "solo_s", "progress",
-        "t_last", "rate", "paused", "version", "first_start", "last_start", "finish",
-        "reason", "explanation", "segments", "bounds", "const_mem", "oom_count", "restarts",
-        "preemptions", "paused_since", "paused_total", "rj_version", "waiting", "target",
+        "spec",
+        "seq",
+        "status",
+        "placement",
+        "gpus",
+        "node",
+        "model",
+        "solo_s",
+        "progress",
+        "t_last",
+        "rate",
+        "paused",
+        "version",
+        "first_start",
+        "last_start",
+        "finish",
+        "reason",
+        "explanation",
+        "segments",
+        "bounds",
+        "const_mem",
+        "oom_count",
+        "restarts",
+        "preemptions",
+        "paused_since",
+        "paused_total",
+        "rj_version",
+        "waiting",
+        "target",
     )
 
     def __init__(self, spec: JobSpec, seq: int) -> None:
@@ -313,8 +338,9 @@ class Simulator:
                     break
                 rounds += 1
                 if rounds > 10_000:  # pragma: no cover - a policy that never settles
-                    raise SimulationError(f"policy {self.policy_name!r} does not settle at "
-                                          f"t={t:.3f} s")
+                    raise SimulationError(
+                        f"policy {self.policy_name!r} does not settle at t={t:.3f} s"
+                    )
             self._record_timeline()
             if sample:
                 self._sample_slowdown()
@@ -420,8 +446,10 @@ class Simulator:
     def _oom(self, job: _Job, why: str) -> None:
         self.oom_count += 1
         job.oom_count += 1
-        if self.config.oom_action == OomAction.REQUEUE and job.restarts < \
-                self.config.max_oom_restarts:
+        if (
+            self.config.oom_action == OomAction.REQUEUE
+            and job.restarts < self.config.max_oom_restarts
+        ):
             job.restarts += 1
             self._to_queue(job, keep_progress=False)
             job.explanation = f"{why}; requeued (restart {job.restarts})"
@@ -512,8 +540,9 @@ class Simulator:
             new_rate, blocked = self._rate(job)
             if blocked is not None:
                 victim = max(blocked.jobs, key=lambda j: (j.last_start, j.seq))
-                self._oom(victim, f"cannot co-run on {blocked.label()} (interference model: "
-                                  "infeasible)")
+                self._oom(
+                    victim, f"cannot co-run on {blocked.label()} (interference model: infeasible)"
+                )
                 killed = True
                 continue
             if new_rate != job.rate or job in touched_jobs:
@@ -668,13 +697,17 @@ class Simulator:
     def _apply_action(self, action) -> bool:  # noqa: ANN001 - scheduler.domain.Action
         job = self.by_id.get(action.job_id)
         if job is None:
-            raise PolicyDecisionError(self.policy_name, action.job_id,
-                                      f"{action.kind} names an unknown job")
+            raise PolicyDecisionError(
+                self.policy_name, action.job_id, f"{action.kind} names an unknown job"
+            )
         kind = action.kind
-        if kind in (ActionKind.PAUSE, ActionKind.RESUME, ActionKind.REQUEUE) and \
-                job.status != _RUNNING:
-            raise PolicyDecisionError(self.policy_name, job.spec.id,
-                                      f"{kind} on a job that is {job.status}, not running")
+        if (
+            kind in (ActionKind.PAUSE, ActionKind.RESUME, ActionKind.REQUEUE)
+            and job.status != _RUNNING
+        ):
+            raise PolicyDecisionError(
+                self.policy_name, job.spec.id, f"{kind} on a job that is {job.status}, not running"
+            )
         if kind == ActionKind.PAUSE:
             if job.paused:
                 return False
@@ -712,7 +745,8 @@ class Simulator:
             raise PolicyDecisionError(name, pl.job_id, "placed a job that does not exist")
         if job.status != _PENDING or pl.job_id not in self.pending:
             raise PolicyDecisionError(
-                name, pl.job_id,
+                name,
+                pl.job_id,
                 f"placed a job that is {job.status}, not pending (placed twice?)",
             )
         node = self.node_by_name.get(pl.node)
@@ -720,7 +754,8 @@ class Simulator:
             raise PolicyDecisionError(name, pl.job_id, f"placed on unknown node {pl.node!r}")
         if pl.cpus > node.free_cores:
             raise PolicyDecisionError(
-                name, pl.job_id,
+                name,
+                pl.job_id,
                 f"over-commits CPU cores on {node.name}: needs {pl.cpus}, "
                 f"{node.free_cores} of {node.cores} free",
             )
@@ -729,17 +764,18 @@ class Simulator:
         if pl.gpu_indices:
             if len(pl.gpu_indices) != spec.gpus:
                 raise PolicyDecisionError(
-                    name, pl.job_id,
+                    name,
+                    pl.job_id,
                     f"needs {spec.gpus} GPU(s) but was given {len(pl.gpu_indices)}",
                 )
             if len(set(pl.gpu_indices)) != len(pl.gpu_indices):
-                raise PolicyDecisionError(name, pl.job_id,
-                                          f"lists a GPU twice: {pl.gpu_indices}")
+                raise PolicyDecisionError(name, pl.job_id, f"lists a GPU twice: {pl.gpu_indices}")
             for idx in pl.gpu_indices:
                 if not 0 <= idx < len(node.gpus):
                     raise PolicyDecisionError(
-                        name, pl.job_id, f"placed on GPU {idx} of {node.name}, which has "
-                        f"{len(node.gpus)} GPU(s)"
+                        name,
+                        pl.job_id,
+                        f"placed on GPU {idx} of {node.name}, which has {len(node.gpus)} GPU(s)",
                     )
                 gpus.append(node.gpus[idx])
             model = gpus[0].spec.model
@@ -754,8 +790,9 @@ class Simulator:
         else:
             if spec.profile is None or spec.profile.cpu_time_s is None:
                 raise PolicyDecisionError(
-                    name, pl.job_id, f"placed on CPU ({node.name}) but its profile has no "
-                    "cpu_time_s"
+                    name,
+                    pl.job_id,
+                    f"placed on CPU ({node.name}) but its profile has no cpu_time_s",
                 )
             model = None
             solo = spec.profile.cpu_time_s
@@ -802,8 +839,10 @@ class Simulator:
         name, label = self.policy_name, gpu.label()
         if not gpu.spec.supports(pl.mode):
             raise PolicyDecisionError(
-                name, pl.job_id, f"asks for {pl.mode} on {label}, a {gpu.spec.model} that "
-                f"supports {', '.join(m.value for m in gpu.spec.sharing_modes)}"
+                name,
+                pl.job_id,
+                f"asks for {pl.mode} on {label}, a {gpu.spec.model} that "
+                f"supports {', '.join(m.value for m in gpu.spec.sharing_modes)}",
             )
         if gpu.jobs:
             if gpu.mode == SharingMode.EXCLUSIVE or pl.mode == SharingMode.EXCLUSIVE:
@@ -820,25 +859,33 @@ class Simulator:
             if profile is None:
                 known = ", ".join(p.name for p in gpu.spec.mig_profiles) or "none"
                 raise PolicyDecisionError(
-                    name, pl.job_id, f"MIG profile {pl.mig_profile!r} does not exist on "
-                    f"{gpu.spec.model} (known: {known})"
+                    name,
+                    pl.job_id,
+                    f"MIG profile {pl.mig_profile!r} does not exist on "
+                    f"{gpu.spec.model} (known: {known})",
                 )
             if gpu.mig_used + profile.compute_slices > gpu.spec.mig_total_slices:
                 raise PolicyDecisionError(
-                    name, pl.job_id, f"over-commits MIG slices on {label}: "
-                    f"{gpu.mig_used} + {profile.compute_slices} > {gpu.spec.mig_total_slices}"
+                    name,
+                    pl.job_id,
+                    f"over-commits MIG slices on {label}: "
+                    f"{gpu.mig_used} + {profile.compute_slices} > {gpu.spec.mig_total_slices}",
                 )
             if mem > profile.memory_mb + _MEM_TOL_MB:
                 raise PolicyDecisionError(
-                    name, pl.job_id, f"over-commits memory of MIG instance {profile.name} on "
-                    f"{label}: needs {mem:.0f} MB of {profile.memory_mb} MB"
+                    name,
+                    pl.job_id,
+                    f"over-commits memory of MIG instance {profile.name} on "
+                    f"{label}: needs {mem:.0f} MB of {profile.memory_mb} MB",
                 )
             return
         used = sum(j.mem_at(j.progress_at(self.now)) for j in gpu.jobs)
         if used + mem > gpu.spec.memory_mb + _MEM_TOL_MB:
             raise PolicyDecisionError(
-                name, pl.job_id, f"over-commits memory on {label}: {used:.0f} MB in use + "
-                f"{mem:.0f} MB > {gpu.spec.memory_mb} MB"
+                name,
+                pl.job_id,
+                f"over-commits memory on {label}: {used:.0f} MB in use + "
+                f"{mem:.0f} MB > {gpu.spec.memory_mb} MB",
             )
 
     # ------------------------------------------------------------------------------------
@@ -922,12 +969,16 @@ class Simulator:
 
     def _record_timeline(self) -> None:
         paused = self.n_paused
-        point = TimelinePoint(self.now, self.busy, len(self.pending), len(self.running) - paused,
-                              paused)
+        point = TimelinePoint(
+            self.now, self.busy, len(self.pending), len(self.running) - paused, paused
+        )
         if self.timeline:
             last = self.timeline[-1]
             if (last.busy_gpus, last.queued, last.running, last.paused) == (
-                point.busy_gpus, point.queued, point.running, point.paused
+                point.busy_gpus,
+                point.queued,
+                point.running,
+                point.paused,
             ):
                 return
             if last.t_s == point.t_s:

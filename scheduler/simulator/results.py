@@ -170,9 +170,7 @@ class SimResult:
     def slowdown_frame(self) -> pd.DataFrame:
         import pandas as pd
 
-        frame = pd.DataFrame(
-            [asdict(s) for s in self.slowdown_samples], columns=_SLOWDOWN_COLUMNS
-        )
+        frame = pd.DataFrame([asdict(s) for s in self.slowdown_samples], columns=_SLOWDOWN_COLUMNS)
         frame.insert(0, "policy", self.policy)
         return frame
 

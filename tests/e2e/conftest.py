@@ -142,20 +142,53 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Stac
     try:
         stack.start(
             "web",
-            [str(BIN / "gunicorn"), "portal.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2",
-             "--threads", "4", "--timeout", "60"],
+            [
+                str(BIN / "gunicorn"),
+                "portal.wsgi",
+                "-b",
+                f"127.0.0.1:{port}",
+                "-w",
+                "2",
+                "--threads",
+                "4",
+                "--timeout",
+                "60",
+            ],
         )
         for i in (1, 2):
             stack.start(
                 f"scheduler{i}",
-                [str(BIN / "celery"), "-A", "portal.celery", "worker", "-Q", "scheduler", "-c", "1",
-                 "-P", "solo", "-n", f"sched{i}@%h", "--without-gossip", "--without-mingle",
-                 "-l", "info"],
+                [
+                    str(BIN / "celery"),
+                    "-A",
+                    "portal.celery",
+                    "worker",
+                    "-Q",
+                    "scheduler",
+                    "-c",
+                    "1",
+                    "-P",
+                    "solo",
+                    "-n",
+                    f"sched{i}@%h",
+                    "--without-gossip",
+                    "--without-mingle",
+                    "-l",
+                    "info",
+                ],
             )
         stack.start(
             "beat",
-            [str(BIN / "celery"), "-A", "portal.celery", "beat", "-l", "info", "-s",
-             str(tmp / "beat-schedule")],
+            [
+                str(BIN / "celery"),
+                "-A",
+                "portal.celery",
+                "beat",
+                "-l",
+                "info",
+                "-s",
+                str(tmp / "beat-schedule"),
+            ],
         )
 
         def web_up() -> bool:

@@ -85,7 +85,10 @@ def test_submit_runs_to_completion_with_metrics(cluster, user_token):
 
     _, token = user_token
     job_id = submit(
-        cluster, token, name="emulated", kind="dl-train",
+        cluster,
+        token,
+        name="emulated",
+        kind="dl-train",
         command="python -m workers.emulate --profile e2e --duration 2 --report-every 0.2",
     )
     job = wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=60)
@@ -93,7 +96,9 @@ def test_submit_runs_to_completion_with_metrics(cluster, user_token):
     assert job.exit_code == 0
     path = [e.to_state for e in JobEvent.objects.filter(job_id=job_id).order_by("at", "id")]
     assert path[:4] == ["PENDING", "SCHEDULED", "RUNNING", "COMPLETED"] or path[1:4] == [
-        "SCHEDULED", "RUNNING", "COMPLETED",
+        "SCHEDULED",
+        "RUNNING",
+        "COMPLETED",
     ], path
     placement = job.placements.get()
     assert placement.node.name == GPU_NODE and placement.explanation
@@ -121,7 +126,10 @@ def test_pause_resume_and_cancel_reach_the_process(cluster, user_token):
     _, token = user_token
     marker = f"e2e-pause-{os.getpid()}-{time.time_ns()}"
     job_id = submit(
-        cluster, token, name="sleeper", gpus=0,
+        cluster,
+        token,
+        name="sleeper",
+        gpus=0,
         command=f"python -c 'import time; time.sleep(120)' {marker}",
     )
     wait_state(job_id, {"RUNNING"})
@@ -154,14 +162,22 @@ def test_two_hundred_jobs_two_scheduler_workers_no_double_placement(cluster, use
         gpu = i % 2 == 0
         ids.append(
             submit(
-                cluster, token, name=f"burst-{i}", gpus=1 if gpu else 0,
-                gpu_memory_mb=1000 if gpu else None, command="sleep 0.3",
+                cluster,
+                token,
+                name=f"burst-{i}",
+                gpus=1 if gpu else 0,
+                gpu_memory_mb=1000 if gpu else None,
+                command="sleep 0.3",
             )
         )
     wait_for(
-        lambda: all(job_row(i).state in {"COMPLETED", "FAILED"} for i in ids[-20:])
-        and all(job_row(i).state in {"COMPLETED", "FAILED"} for i in ids),
-        180, interval=1.0, what="200 jobs to finish",
+        lambda: (
+            all(job_row(i).state in {"COMPLETED", "FAILED"} for i in ids[-20:])
+            and all(job_row(i).state in {"COMPLETED", "FAILED"} for i in ids)
+        ),
+        180,
+        interval=1.0,
+        what="200 jobs to finish",
     )
     assert {job_row(i).state for i in ids} == {"COMPLETED"}
 
@@ -201,7 +217,10 @@ def test_node_loss_requeues_and_the_job_runs_again(cluster, user_token):
     _, token = user_token
     marker = f"e2e-lost-{os.getpid()}-{time.time_ns()}"
     job_id = submit(
-        cluster, token, name="survivor", gpus=1,
+        cluster,
+        token,
+        name="survivor",
+        gpus=1,
         command=f"python -c 'import time; time.sleep(3)' {marker}",
     )
     wait_state(job_id, {"RUNNING"})
@@ -210,14 +229,13 @@ def test_node_loss_requeues_and_the_job_runs_again(cluster, user_token):
     for pid in procs_with(marker):
         os.kill(pid, signal.SIGKILL)
 
-    wait_for(
-        lambda: Node.objects.get(name=GPU_NODE).status == "down", 40, what="node marked down"
-    )
+    wait_for(lambda: Node.objects.get(name=GPU_NODE).status == "down", 40, what="node marked down")
     wait_for(
         lambda: JobEvent.objects.filter(
             job_id=job_id, from_state="RUNNING", to_state="PENDING"
         ).exists(),
-        20, what="the job to be requeued",
+        20,
+        what="the job to be requeued",
     )
     event = JobEvent.objects.filter(job_id=job_id, to_state="PENDING", from_state="RUNNING").get()
     assert GPU_NODE in event.message

@@ -35,9 +35,7 @@ def _proc_state(pid: int) -> str:
         return "gone"
 
 
-def test_demo_seed004_set_splits_cpu_and_gpu_and_the_plan_pauses_lammps(
-    settings, tmp_path, client
-):
+def test_demo_seed004_set_splits_cpu_and_gpu_and_the_plan_pauses_lammps(settings, tmp_path, client):
     call_command("load_demo", "--emulate-scale", SCALE, stdout=StringIO())
     lammps = Job.objects.get(name="LAMMPS-1")
     # What the agent did to the LAMMPS process on each control: a spy that calls through.

@@ -31,7 +31,11 @@ def make_node(name: str, gpus: int = 2, memory_mb: int = 12288, kind: str = "gpu
     node = Node.objects.create(name=name, kind=kind, cores=8, memory_mb=65536)
     for i in range(gpus):
         Gpu.objects.create(
-            node=node, index=i, model="TitanXp", memory_mb=memory_mb, uuid=f"GPU-{name}-{i}",
+            node=node,
+            index=i,
+            model="TitanXp",
+            memory_mb=memory_mb,
+            uuid=f"GPU-{name}-{i}",
             sharing_modes=["exclusive", "time_slicing", "mps"],
         )
     return node
@@ -142,7 +146,9 @@ class _PauseAll(Policy):
             actions=tuple(
                 Action(
                     ActionKind.RESUME if r.paused else ActionKind.PAUSE,
-                    r.job.id, self.name, "step 3 needs 2.8 GB",
+                    r.job.id,
+                    self.name,
+                    "step 3 needs 2.8 GB",
                 )
                 for r in state.running
             )

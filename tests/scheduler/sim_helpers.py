@@ -98,8 +98,13 @@ class FirstFit(Policy):
                     for x in ok:
                         taken[x.key] = taken.get(x.key, 0) + 1
                         used_mem[x.key] = used_mem.get(x.key, 0.0) + j.memory_need_mb()
-                    return Placement(j.id, node.name, tuple(x.index for x in ok), self.mode,
-                                     mig_profile=self.mig_profile)
+                    return Placement(
+                        j.id,
+                        node.name,
+                        tuple(x.index for x in ok),
+                        self.mode,
+                        mig_profile=self.mig_profile,
+                    )
         return None
 
 
@@ -138,18 +143,26 @@ class RandomShare(Policy):
                 for g in node.gpus:
                     add = extra.get(g.key, [])
                     mem = (g.used_memory_mb or 0.0) + sum(add)
-                    if len(g.job_ids) + len(add) < self.per_gpu and \
-                            mem + j.memory_need_mb() <= g.spec.memory_mb:
+                    if (
+                        len(g.job_ids) + len(add) < self.per_gpu
+                        and mem + j.memory_need_mb() <= g.spec.memory_mb
+                    ):
                         options.append((node.name, g))
             if not options:
                 waiting[j.id] = "no GPU with room"
                 continue
             node_name, g = rng.choice(options)
-            mode = g.mode or (SharingMode.MPS if g.spec.supports(SharingMode.MPS)
-                              else SharingMode.TIME_SLICING)
+            mode = g.mode or (
+                SharingMode.MPS if g.spec.supports(SharingMode.MPS) else SharingMode.TIME_SLICING
+            )
             extra.setdefault(g.key, []).append(j.memory_need_mb())
-            decisions.append(Decision(Placement(j.id, node_name, (g.index,), mode), self.name,
-                                      f"random among {len(options)}"))
+            decisions.append(
+                Decision(
+                    Placement(j.id, node_name, (g.index,), mode),
+                    self.name,
+                    f"random among {len(options)}",
+                )
+            )
         return Plan(decisions=tuple(decisions), waiting=waiting)
 
 

@@ -41,23 +41,32 @@ LAMMPS = Profile(
         MemoryStep(0.75, 2795, 8317),
     ),
 )
-CNN = Profile(name="CNN-MNIST", cpu_time_s=3752, gpu_time_s={"TitanXp": 198},
-              gpu_memory_max_mb=1228)
+CNN = Profile(
+    name="CNN-MNIST", cpu_time_s=3752, gpu_time_s={"TitanXp": 198}, gpu_memory_max_mb=1228
+)
 
 
 def snapshot(
-    running: list[tuple[JobSpec, float, bool]], pending: tuple[JobSpec, ...] = (),
+    running: list[tuple[JobSpec, float, bool]],
+    pending: tuple[JobSpec, ...] = (),
     now: float = 730.0,
 ) -> ClusterState:
     """A Titan Xp running ``(job, progress, paused)`` under time-slicing (started at 0)."""
     used = sum(memory_at(j, p) for j, p, _ in running)
-    gpu = GpuState(node="g0", index=0, spec=gpu_spec("TitanXp"), mode=TS if running else None,
-                   job_ids=tuple(j.id for j, _, _ in running),
-                   committed_memory_mb=sum(j.memory_need_mb() for j, _, _ in running),
-                   used_memory_mb=used)
+    gpu = GpuState(
+        node="g0",
+        index=0,
+        spec=gpu_spec("TitanXp"),
+        mode=TS if running else None,
+        job_ids=tuple(j.id for j, _, _ in running),
+        committed_memory_mb=sum(j.memory_need_mb() for j, _, _ in running),
+        used_memory_mb=used,
+    )
     node = NodeState("g0", NodeKind.GPU, 8, 8, gpus=(gpu,))
-    rjs = tuple(RunningJob(j, Placement(j.id, "g0", (0,), TS), 0.0, progress=p, paused=paused)
-                for j, p, paused in running)
+    rjs = tuple(
+        RunningJob(j, Placement(j.id, "g0", (0,), TS), 0.0, progress=p, paused=paused)
+        for j, p, paused in running
+    )
     return ClusterState(now, (node,), pending, rjs)
 
 
@@ -108,8 +117,9 @@ def test_fits_means_no_pause():
 
 
 def test_resumes_when_room_returns_and_not_before():
-    still_full = snapshot([(lammps(), 0.76, True)] + [(cnn(i), 0.9, False) for i in range(4)],
-                          now=900.0)
+    still_full = snapshot(
+        [(lammps(), 0.76, True)] + [(cnn(i), 0.9, False) for i in range(4)], now=900.0
+    )
     assert plan_for(still_full).actions == ()
     room = snapshot([(lammps(), 0.76, True), (cnn(0), 0.9, False)], now=1100.0)
     plan = plan_for(room)
@@ -121,8 +131,11 @@ def test_resumes_when_room_returns_and_not_before():
 
 
 def test_paused_job_alone_is_resumed_even_if_its_step_is_too_big():
-    huge = Profile(name="Huge", gpu_time_s={"TitanXp": 10},
-                   memory_steps=(MemoryStep(0.0, 100, 200), MemoryStep(0.5, 200, 20000)))
+    huge = Profile(
+        name="Huge",
+        gpu_time_s={"TitanXp": 10},
+        memory_steps=(MemoryStep(0.0, 100, 200), MemoryStep(0.5, 200, 20000)),
+    )
     job = JobSpec(id="h", name="Huge", profile=huge)
     plan = plan_for(snapshot([(job, 0.5, True)]))
     assert [(a.kind, a.job_id) for a in plan.actions] == [(ActionKind.RESUME, "h")]
@@ -131,17 +144,26 @@ def test_paused_job_alone_is_resumed_even_if_its_step_is_too_big():
 
 def test_lowest_priority_growing_job_is_paused_first():
     # Two jobs growing; LAMMPS gains less from the GPU than 'Big' (cpu 9000 s), so it goes.
-    big = JobSpec(id="big", name="Big", profile=Profile(
-        name="Big", cpu_time_s=9000, gpu_time_s={"TitanXp": 100},
-        memory_steps=(MemoryStep(0.0, 1000, 6000),)))
+    big = JobSpec(
+        id="big",
+        name="Big",
+        profile=Profile(
+            name="Big",
+            cpu_time_s=9000,
+            gpu_time_s={"TitanXp": 100},
+            memory_steps=(MemoryStep(0.0, 1000, 6000),),
+        ),
+    )
     state = snapshot([(lammps(), 0.76, False), (big, 0.2, False)])
     plan = plan_for(state)
     assert [(a.kind, a.job_id) for a in plan.actions] == [(ActionKind.PAUSE, "lmp")]
 
 
 def test_new_placements_leave_room_for_a_paused_job():
-    state = snapshot([(lammps(), 0.76, True), (cnn(0), 0.5, False), (cnn(1), 0.5, False)],
-                     pending=(cnn(7), cnn(8)))
+    state = snapshot(
+        [(lammps(), 0.76, True), (cnn(0), 0.5, False), (cnn(1), 0.5, False)],
+        pending=(cnn(7), cnn(8)),
+    )
     plan = plan_for(state)
     # Paused LAMMPS resumes (2 x 1228 + 8445 fits); a third CNN still fits (11.9 GB), a
     # fourth would not: it is held back with the numbers.
@@ -166,8 +188,13 @@ def test_registry_composes_any_placement_policy_and_passes_its_parameters():
 
 def _sim(scenario: str, name: str) -> Simulator:
     sc = load_scenario(scenario)
-    sim = Simulator(sc.cluster, sc.jobs, build_policy(name, sc.policy_params.get(name)),
-                    interference=build_interference(sc.interference), config=sc.config)
+    sim = Simulator(
+        sc.cluster,
+        sc.jobs,
+        build_policy(name, sc.policy_params.get(name)),
+        interference=build_interference(sc.interference),
+        config=sc.config,
+    )
     sim.result = sim.run()  # type: ignore[attr-defined]
     return sim
 

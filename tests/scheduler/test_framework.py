@@ -184,7 +184,8 @@ def test_feasible_pair_still_co_locates_and_the_check_can_be_turned_off():
 def test_two_infeasible_newcomers_are_not_paired_within_one_cycle():
     # Two ResNet-50 (bs 128) on one idle V100: the first takes it, the second must not join.
     state = ClusterState(
-        0.0, (gpu_node("n0", "V100", 1),),
+        0.0,
+        (gpu_node("n0", "V100", 1),),
         pending=(job("a", 2, job_type=RN50_128), job("b", 2, job_type=RN50_128)),
     )
     plan = build_policy("binpack").schedule(state, random.Random(0))
@@ -204,13 +205,18 @@ def test_binpack_replay_has_no_oom_cascade():
     )
 
     def gavel_job(i, job_type, solo, arrival):
-        return JobSpec(id=str(i), arrival_s=arrival, job_type=job_type,
-                       profile=Profile(job_type, gpu_time_s={"V100": solo}))
+        return JobSpec(
+            id=str(i),
+            arrival_s=arrival,
+            job_type=job_type,
+            profile=Profile(job_type, gpu_time_s={"V100": solo}),
+        )
 
     jobs = [gavel_job(0, RN50_128, 1000.0, 0.0)]
     jobs += [gavel_job(i, TF_256, 100.0, 10.0 * i) for i in range(1, 6)]
-    result = simulate(cluster, jobs, build_policy("binpack"),
-                      interference=build_interference("measured"))
+    result = simulate(
+        cluster, jobs, build_policy("binpack"), interference=build_interference("measured")
+    )
     assert result.oom_count == 0
     assert all(r.end_reason == "completed" for r in result.jobs)
 

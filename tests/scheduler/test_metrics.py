@@ -23,13 +23,23 @@ def jobs_frame():
     for jid, arr, start, fin, solo, gpus, reason, mode in rows:
         run = fin - start if fin is not None else None
         sd = run / solo if run is not None else None
-        out.append({
-            "job_id": jid, "arrival_s": arr, "start_s": start, "finish_s": fin,
-            "solo_s": solo, "gpus": gpus, "end_reason": reason, "mode": mode,
-            "jct_s": fin - arr if fin is not None else None,
-            "queue_s": start - arr if start is not None else None,
-            "run_s": run, "slowdown": sd, "speedup": 1 / sd if sd else None,
-        })
+        out.append(
+            {
+                "job_id": jid,
+                "arrival_s": arr,
+                "start_s": start,
+                "finish_s": fin,
+                "solo_s": solo,
+                "gpus": gpus,
+                "end_reason": reason,
+                "mode": mode,
+                "jct_s": fin - arr if fin is not None else None,
+                "queue_s": start - arr if start is not None else None,
+                "run_s": run,
+                "slowdown": sd,
+                "speedup": 1 / sd if sd else None,
+            }
+        )
     return pd.DataFrame(out)
 
 
@@ -67,10 +77,20 @@ def test_latency_percentiles_and_sd_max_diff():
 def test_summary_row_counts_endings_and_has_the_cli_columns():
     timeline = pd.DataFrame({"t_s": [0.0, 210.0], "busy_gpus": [1.0, 0.0]})
     samples = pd.DataFrame(columns=["t_s", "max_diff"])
-    row = metrics.summary_row("p", jobs_frame(), timeline, samples, [0.001], gpu_count=2,
-                              oom_count=4)
-    assert set(row) >= {"policy", "jobs", "completed", "avg_jct_s", "makespan_s", "gpu_util",
-                        "max_slowdown", "oom_count", "decision_ms_p50"}
+    row = metrics.summary_row(
+        "p", jobs_frame(), timeline, samples, [0.001], gpu_count=2, oom_count=4
+    )
+    assert set(row) >= {
+        "policy",
+        "jobs",
+        "completed",
+        "avg_jct_s",
+        "makespan_s",
+        "gpu_util",
+        "max_slowdown",
+        "oom_count",
+        "decision_ms_p50",
+    }
     assert (row["jobs"], row["completed"], row["failed_oom"], row["unschedulable"]) == (5, 3, 1, 1)
     assert row["gpu_util"] == pytest.approx(210 / (2 * 210))
     assert row["oom_count"] == 4

@@ -87,7 +87,16 @@ def test_rank_and_capacity_appear_in_the_explanations():
     assert "2nd of 2" in text["slow"]
     assert "GPU capacity for 1 job" in text["fast"]
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101)] == [
-        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st"
+        "1st",
+        "2nd",
+        "3rd",
+        "4th",
+        "11th",
+        "12th",
+        "13th",
+        "21st",
+        "22nd",
+        "101st",
     ]
 
 
@@ -95,8 +104,7 @@ def test_split_sends_top_rates_to_the_gpu_and_the_rest_to_cpu_at_once():
     # One GPU with 2 container slots (time-sliced: a job there is predicted 2x its GPU time),
     # two 1-core CPU nodes. g1, g2 gain a lot on the GPU (1000 s -> 10 s); s1, s2 little.
     # k=2 on the GPU: GPU side 2 x 10 x 2 = 20 s, CPU side 20 s -> the shortest split.
-    pending = (pjob("s1", 20, 15), pjob("g1", 1000, 10), pjob("s2", 20, 15),
-               pjob("g2", 1000, 10))
+    pending = (pjob("s1", 20, 15), pjob("g1", 1000, 10), pjob("s2", 20, 15), pjob("g2", 1000, 10))
     state = ClusterState(0.0, (titan_node(), *cpu_nodes(2)), pending)
     policy = build_policy("placement_rate", {"max_jobs_per_gpu": 2})
     plan = policy.schedule(state, random.Random(0))
@@ -113,9 +121,7 @@ def test_gpu_side_jobs_wait_for_the_gpu_rather_than_take_a_slow_cpu():
     # (predicted 30 s there) instead of taking the CPU for 1000 s.
     pending = tuple(pjob(f"g{i}", 1000, 10) for i in range(3))
     state = ClusterState(0.0, (titan_node(), *cpu_nodes(1)), pending)
-    plan = build_policy("placement_rate", {"max_jobs_per_gpu": 1}).schedule(
-        state, random.Random(0)
-    )
+    plan = build_policy("placement_rate", {"max_jobs_per_gpu": 1}).schedule(state, random.Random(0))
     assert [d.placement.job_id for d in plan.decisions] == ["g0"]
     assert set(plan.waiting) == {"g1", "g2"}
     assert all("GPU side" in r and "GPU capacity for 3 jobs" in r for r in plan.waiting.values())
@@ -124,9 +130,7 @@ def test_gpu_side_jobs_wait_for_the_gpu_rather_than_take_a_slow_cpu():
 def test_without_cpu_nodes_everything_is_gpu_side():
     pending = (pjob("a", 20, 15), pjob("b", 1000, 10))
     state = ClusterState(0.0, (titan_node(),), pending)
-    plan = build_policy("placement_rate", {"max_jobs_per_gpu": 1}).schedule(
-        state, random.Random(0)
-    )
+    plan = build_policy("placement_rate", {"max_jobs_per_gpu": 1}).schedule(state, random.Random(0))
     assert [d.placement.job_id for d in plan.decisions] == ["b"]
     assert "GPU side" in plan.waiting["a"]
 
@@ -135,18 +139,32 @@ def test_gpu_memory_in_use_beyond_declarations_blocks_a_placement():
     # A running job declared 2 GB but uses 11.5 GB now (it outgrew its profile, like LAMMPS):
     # the framework's declared-memory check would pass, the memory in use does not.
     grown = pjob("grown", None, 85, mem=2000)
-    gpu = GpuState(node="g0", index=0, spec=gpu_spec("TitanXp"), mode=SharingMode.TIME_SLICING,
-                   job_ids=("grown",), committed_memory_mb=2000, used_memory_mb=11500)
-    running = RunningJob(grown, Placement("grown", "g0", (0,), SharingMode.TIME_SLICING), 0.0,
-                         progress=0.9)
+    gpu = GpuState(
+        node="g0",
+        index=0,
+        spec=gpu_spec("TitanXp"),
+        mode=SharingMode.TIME_SLICING,
+        job_ids=("grown",),
+        committed_memory_mb=2000,
+        used_memory_mb=11500,
+    )
+    running = RunningJob(
+        grown, Placement("grown", "g0", (0,), SharingMode.TIME_SLICING), 0.0, progress=0.9
+    )
     new = pjob("new", None, 100, mem=1228)
     state = ClusterState(10.0, (titan_node(gpu=gpu),), (new,), (running,))
     for name in ("placement_rate", "all_gpu"):
         plan = build_policy(name, {"max_jobs_per_gpu": 5}).schedule(state, random.Random(0))
         assert plan.decisions == () and "new" in plan.waiting, name
-    roomy = GpuState(node="g0", index=0, spec=gpu_spec("TitanXp"),
-                     mode=SharingMode.TIME_SLICING, job_ids=("grown",),
-                     committed_memory_mb=2000, used_memory_mb=2000)
+    roomy = GpuState(
+        node="g0",
+        index=0,
+        spec=gpu_spec("TitanXp"),
+        mode=SharingMode.TIME_SLICING,
+        job_ids=("grown",),
+        committed_memory_mb=2000,
+        used_memory_mb=2000,
+    )
     state2 = ClusterState(10.0, (titan_node(gpu=roomy),), (new,), (running,))
     plan2 = build_policy("placement_rate", {"max_jobs_per_gpu": 5}).schedule(
         state2, random.Random(0)
@@ -155,8 +173,13 @@ def test_gpu_memory_in_use_beyond_declarations_blocks_a_placement():
 
 
 def test_all_gpu_keeps_gpu_jobs_off_cpu_nodes_in_queue_order():
-    pending = (pjob("a", 20, 15), pjob("b", 1000, 10), JobSpec(id="cpuonly", gpus=0),
-               pjob("c", 20, 15), pjob("d", 20, 15))
+    pending = (
+        pjob("a", 20, 15),
+        pjob("b", 1000, 10),
+        JobSpec(id="cpuonly", gpus=0),
+        pjob("c", 20, 15),
+        pjob("d", 20, 15),
+    )
     state = ClusterState(0.0, (titan_node(), *cpu_nodes(3)), pending)
     plan = build_policy("all_gpu", {"max_jobs_per_gpu": 2}).schedule(state, random.Random(0))
     where = {d.placement.job_id: d.placement for d in plan.decisions}
@@ -176,8 +199,13 @@ def test_unknown_feature_is_rejected():
 def _run(name: str, scenario: str = "seed004"):
     sc = load_scenario(scenario)
     policy = build_policy(name, sc.policy_params.get(name))
-    return simulate(sc.cluster, sc.jobs, policy,
-                    interference=build_interference(sc.interference), config=sc.config)
+    return simulate(
+        sc.cluster,
+        sc.jobs,
+        policy,
+        interference=build_interference(sc.interference),
+        config=sc.config,
+    )
 
 
 def test_seed004_rate_split_beats_all_on_gpu_and_runs_both_sides():

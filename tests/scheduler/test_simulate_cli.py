@@ -22,16 +22,28 @@ nodes:
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "scheduler.simulate", "--quiet", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
 @pytest.fixture
 def small_inputs(tmp_path):
-    rows = [f"{i},{t},{i * 30.0},{steps},1" for i, (t, steps) in enumerate([
-        ("ResNet-18 (batch size 32)", 20000), ("A3C", 5000), ("LM (batch size 20)", 3000),
-        ("Transformer (batch size 64)", 4000), ("CycleGAN", 2000), ("A3C", 8000),
-    ])]
+    rows = [
+        f"{i},{t},{i * 30.0},{steps},1"
+        for i, (t, steps) in enumerate(
+            [
+                ("ResNet-18 (batch size 32)", 20000),
+                ("A3C", 5000),
+                ("LM (batch size 20)", 3000),
+                ("Transformer (batch size 64)", 4000),
+                ("CycleGAN", 2000),
+                ("A3C", 8000),
+            ]
+        )
+    ]
     trace = tmp_path / "trace.csv"
     trace.write_text(GAVEL_HEADER + "\n".join(rows) + "\n")
     cluster = tmp_path / "cluster.yaml"
@@ -42,15 +54,37 @@ def small_inputs(tmp_path):
 def test_trace_run_writes_consistent_csvs_and_an_offline_report(small_inputs, tmp_path):
     trace, cluster = small_inputs
     out = tmp_path / "out"
-    proc = run_cli("--trace", str(trace), "--cluster", str(cluster), "--policy", "fifo",
-                   "--policy", "random", "--interference", "none", "--seed", "3",
-                   "--out", str(out))
+    proc = run_cli(
+        "--trace",
+        str(trace),
+        "--cluster",
+        str(cluster),
+        "--policy",
+        "fifo",
+        "--policy",
+        "random",
+        "--interference",
+        "none",
+        "--seed",
+        "3",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     summary = pd.read_csv(out / "summary.csv")
     jobs = pd.read_csv(out / "jobs.csv")
-    for col in ("policy", "jobs", "completed", "avg_jct_s", "makespan_s", "gpu_util",
-                "max_slowdown", "oom_count", "decision_ms_p50"):
+    for col in (
+        "policy",
+        "jobs",
+        "completed",
+        "avg_jct_s",
+        "makespan_s",
+        "gpu_util",
+        "max_slowdown",
+        "oom_count",
+        "decision_ms_p50",
+    ):
         assert col in summary.columns
     assert list(summary["policy"]) == ["fifo", "random"]
     assert len(jobs) == 2 * 6
@@ -60,8 +94,7 @@ def test_trace_run_writes_consistent_csvs_and_an_offline_report(small_inputs, tm
         assert row["jobs"] == len(group)
         assert row["completed"] == len(done)
         assert row["avg_jct_s"] == pytest.approx(done["jct_s"].mean())
-        assert row["makespan_s"] == pytest.approx(done["finish_s"].max()
-                                                  - done["arrival_s"].min())
+        assert row["makespan_s"] == pytest.approx(done["finish_s"].max() - done["arrival_s"].min())
         assert group["explanation"].notna().all()
         assert (done["jct_s"] >= done["solo_s"] - 1e-6).all()
     for policy in ("fifo", "random"):
@@ -77,8 +110,7 @@ def test_trace_run_writes_consistent_csvs_and_an_offline_report(small_inputs, tm
 def test_scenario_run_and_listing(tmp_path):
     listing = run_cli("--list-scenarios")
     assert listing.returncode == 0
-    for name in ("philly", "physical96", "seed004", "coscheml003", "sharing001",
-                 "slowdown000"):
+    for name in ("philly", "physical96", "seed004", "coscheml003", "sharing001", "slowdown000"):
         assert name in listing.stdout
     out = tmp_path / "seed"
     proc = run_cli("--scenario", "seed004", "--policy", "fifo", "--out", str(out))

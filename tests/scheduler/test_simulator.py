@@ -45,8 +45,7 @@ def test_exclusive_fifo_on_one_gpu_equals_sum_of_run_times():
 def test_time_slicing_two_identical_jobs_doubles_both_within_overhead(overhead):
     jobs = [job("a", 100.0), job("b", 100.0)]
     config = SimConfig(context_switch_overhead=overhead)
-    result = simulate(ONE_V100, jobs, FirstFit(SharingMode.TIME_SLICING, per_gpu=2),
-                      config=config)
+    result = simulate(ONE_V100, jobs, FirstFit(SharingMode.TIME_SLICING, per_gpu=2), config=config)
     for r in result.jobs:
         assert 2 * 100.0 - 1e-6 <= r.jct_s <= 2 * 100.0 * (1 + overhead) + 1e-6
         assert r.jct_s == pytest.approx(2 * 100.0 * (1 + overhead))
@@ -56,8 +55,9 @@ def test_time_slicing_two_identical_jobs_doubles_both_within_overhead(overhead):
 def test_mps_progress_follows_interference_and_speeds_up_when_alone():
     s = 1.5
     jobs = [job("short", 100.0), job("long", 200.0)]
-    result = simulate(ONE_V100, jobs, FirstFit(SharingMode.MPS, per_gpu=2),
-                      interference=FixedSlowdown(s))
+    result = simulate(
+        ONE_V100, jobs, FirstFit(SharingMode.MPS, per_gpu=2), interference=FixedSlowdown(s)
+    )
     recs = records(result)
     t_short = 100.0 * s
     assert recs["short"].finish_s == pytest.approx(t_short)
@@ -68,8 +68,9 @@ def test_mps_progress_follows_interference_and_speeds_up_when_alone():
 
 def test_slowdown_below_one_is_clamped():
     jobs = [job("a", 100.0), job("b", 100.0)]
-    result = simulate(ONE_V100, jobs, FirstFit(SharingMode.MPS, per_gpu=2),
-                      interference=FixedSlowdown(0.5))
+    result = simulate(
+        ONE_V100, jobs, FirstFit(SharingMode.MPS, per_gpu=2), interference=FixedSlowdown(0.5)
+    )
     assert all(r.jct_s == pytest.approx(100.0) for r in result.jobs)
 
 
@@ -77,8 +78,9 @@ def test_mig_instance_runs_at_slice_share_without_interference():
     a30 = cluster({"name": "a", "gpu_model": "A30", "gpus_per_node": 1})
     jobs = [job("a", 100.0, model="A30", mem=5000), job("b", 100.0, model="A30", mem=5000)]
     policy = FirstFit(SharingMode.MIG, per_gpu=4, mig_profile="1g.6gb")
-    result = simulate(a30, jobs, policy, interference=FixedSlowdown(3.0),
-                      config=SimConfig(mig_speed_exponent=1.0))
+    result = simulate(
+        a30, jobs, policy, interference=FixedSlowdown(3.0), config=SimConfig(mig_speed_exponent=1.0)
+    )
     slices = 1 / 4  # 1g of the A30's 4 compute slices
     for r in result.jobs:
         assert r.finish_s == pytest.approx(100.0 / slices)
@@ -101,8 +103,12 @@ def _oom_time() -> float:
 
 def test_memory_growth_past_capacity_fails_the_growing_job():
     a, b = _oom_jobs()
-    result = simulate(ONE_V100, [a, b], FirstFit(SharingMode.MPS, per_gpu=2),
-                      config=SimConfig(oom_action=OomAction.FAIL))
+    result = simulate(
+        ONE_V100,
+        [a, b],
+        FirstFit(SharingMode.MPS, per_gpu=2),
+        config=SimConfig(oom_action=OomAction.FAIL),
+    )
     recs = records(result)
     assert result.oom_count == 1
     assert recs["b"].end_reason == EndReason.FAILED_OOM
@@ -114,8 +120,12 @@ def test_memory_growth_past_capacity_fails_the_growing_job():
 
 def test_memory_growth_past_capacity_requeues_and_restarts_from_scratch():
     a, b = _oom_jobs()
-    result = simulate(ONE_V100, [a, b], FirstFit(SharingMode.MPS, per_gpu=2),
-                      config=SimConfig(oom_action=OomAction.REQUEUE))
+    result = simulate(
+        ONE_V100,
+        [a, b],
+        FirstFit(SharingMode.MPS, per_gpu=2),
+        config=SimConfig(oom_action=OomAction.REQUEUE),
+    )
     recs = records(result)
     assert result.oom_count == 1
     assert recs["b"].restarts == 1
@@ -126,8 +136,12 @@ def test_memory_growth_past_capacity_requeues_and_restarts_from_scratch():
 
 def test_requeue_gives_up_after_max_restarts():
     big = job("big", 50.0, steps=[(0.0, 1000, 30_000)])  # outgrows a V100 alone
-    result = simulate(ONE_V100, [big], FirstFit(),
-                      config=SimConfig(oom_action=OomAction.REQUEUE, max_oom_restarts=2))
+    result = simulate(
+        ONE_V100,
+        [big],
+        FirstFit(),
+        config=SimConfig(oom_action=OomAction.REQUEUE, max_oom_restarts=2),
+    )
     rec = result.jobs[0]
     assert rec.end_reason == EndReason.FAILED_OOM
     assert rec.oom_count == 3 and rec.restarts == 2
@@ -136,9 +150,13 @@ def test_requeue_gives_up_after_max_restarts():
 
 def test_infeasible_colocation_kills_the_job_placed_last():
     jobs = [job("first", 100.0), job("second", 100.0)]
-    result = simulate(ONE_V100, jobs, FirstFit(SharingMode.MPS, per_gpu=2),
-                      interference=FixedSlowdown(math.inf),
-                      config=SimConfig(oom_action=OomAction.FAIL))
+    result = simulate(
+        ONE_V100,
+        jobs,
+        FirstFit(SharingMode.MPS, per_gpu=2),
+        interference=FixedSlowdown(math.inf),
+        config=SimConfig(oom_action=OomAction.FAIL),
+    )
     recs = records(result)
     assert recs["second"].end_reason == EndReason.FAILED_OOM
     assert recs["first"].finish_s == pytest.approx(100.0)
@@ -156,15 +174,20 @@ def test_pause_stops_progress_but_keeps_memory():
         if state.now_s == 30.0:
             (gpu,) = state.node("n-0").gpus
             (rj,) = state.running
-            seen.update(paused=rj.paused, used=gpu.used_memory_mb, util=gpu.util_pct,
-                        progress=rj.progress)
+            seen.update(
+                paused=rj.paused, used=gpu.used_memory_mb, util=gpu.util_pct, progress=rj.progress
+            )
         decisions = tuple(
             Decision(Placement(j.id, "n-0", (0,)), "test", "only GPU") for j in state.pending
         )
         return Plan(decisions=decisions, actions=tuple(acts))
 
-    result = simulate(ONE_V100, [job("a", 100.0, mem=3000)], Scripted(plan),
-                      config=SimConfig(reschedule_interval_s=10.0))
+    result = simulate(
+        ONE_V100,
+        [job("a", 100.0, mem=3000)],
+        Scripted(plan),
+        config=SimConfig(reschedule_interval_s=10.0),
+    )
     rec = result.jobs[0]
     assert rec.finish_s == pytest.approx(100.0 + 30.0)
     assert rec.paused_s == pytest.approx(30.0)
@@ -184,8 +207,7 @@ def test_multi_gpu_job_runs_at_its_slowest_gpu():
         return Plan(decisions=tuple(out))
 
     jobs = [job("m", 100.0, gpus=2), job("s", 50.0)]
-    result = simulate(TWO_V100, jobs, Scripted(plan),
-                      config=SimConfig(context_switch_overhead=0.0))
+    result = simulate(TWO_V100, jobs, Scripted(plan), config=SimConfig(context_switch_overhead=0.0))
     recs = records(result)
     # Both at half speed on GPU 0 until "s" is done (50 s of work at 1/2 speed).
     assert recs["s"].finish_s == pytest.approx(100.0)
@@ -194,14 +216,18 @@ def test_multi_gpu_job_runs_at_its_slowest_gpu():
 
 
 def test_cpu_placement_uses_cpu_time_and_cores():
-    c = cluster({"name": "g", "gpu_model": "V100", "gpus_per_node": 1},
-                {"name": "cpu", "count": 1, "cpus": 2})
+    c = cluster(
+        {"name": "g", "gpu_model": "V100", "gpus_per_node": 1},
+        {"name": "cpu", "count": 1, "cpus": 2},
+    )
 
     def plan(state, rng):
         free = state.node("cpu-0").free_cores
-        return Plan(decisions=tuple(
-            Decision(Placement(j.id, "cpu-0", (), cpus=1), "t", "cpu") for j in state.pending
-        )[:free])
+        return Plan(
+            decisions=tuple(
+                Decision(Placement(j.id, "cpu-0", (), cpus=1), "t", "cpu") for j in state.pending
+            )[:free]
+        )
 
     jobs = [job(f"c{i}", 10.0, cpu_time=300.0) for i in range(3)]
     result = simulate(c, jobs, Scripted(plan))

@@ -73,8 +73,13 @@ def check_snapshot(state):
 def test_invariants_hold_under_random_colocation_with_memory_growth():
     jobs = random_trace(60, seed=3)
     policy = RandomShare(per_gpu=3, check=check_snapshot)
-    result = simulate(MIXED, jobs, policy, interference=FixedSlowdown(1.4),
-                      config=SimConfig(seed=11, reschedule_interval_s=50.0))
+    result = simulate(
+        MIXED,
+        jobs,
+        policy,
+        interference=FixedSlowdown(1.4),
+        config=SimConfig(seed=11, reschedule_interval_s=50.0),
+    )
     by_id = {j.id: j for j in jobs}
     assert len(result.jobs) == len(jobs)
     for r in result.jobs:
@@ -93,8 +98,13 @@ def test_same_seed_same_result_and_the_seed_matters():
     jobs = random_trace(40, seed=5)
 
     def run(seed):
-        res = simulate(MIXED, jobs, RandomShare(per_gpu=2), interference=FixedSlowdown(1.3),
-                       config=SimConfig(seed=seed))
+        res = simulate(
+            MIXED,
+            jobs,
+            RandomShare(per_gpu=2),
+            interference=FixedSlowdown(1.3),
+            config=SimConfig(seed=seed),
+        )
         return res.jobs_frame().drop(columns=[]), res
 
     a, ra = run(1)
@@ -108,9 +118,10 @@ def test_same_seed_same_result_and_the_seed_matters():
 def _place(*placements):
     def fn(state, rng):
         pending = {j.id for j in state.pending}
-        return Plan(decisions=tuple(
-            Decision(p, "bad", "test") for p in placements if p.job_id in pending
-        ))
+        return Plan(
+            decisions=tuple(Decision(p, "bad", "test") for p in placements if p.job_id in pending)
+        )
+
     return fn
 
 
@@ -121,24 +132,43 @@ A30 = cluster({"name": "a", "gpu_model": "A30", "gpus_per_node": 1, "cpus": 4})
 @pytest.mark.parametrize(
     ("clus", "jobs", "placements", "message"),
     [
-        (ONE, [job("a", 10), job("b", 10)],
-         [Placement("a", "n-0", (0,)), Placement("b", "n-0", (0,))], "double-books"),
-        (ONE, [job("a", 10, mem=9000), job("b", 10, mem=9000)],
-         [Placement("a", "n-0", (0,), SharingMode.MPS), Placement("b", "n-0", (0,),
-                                                                   SharingMode.MPS)],
-         "over-commits memory"),
-        (A30, [job(x, 10, model="A30", mem=1000) for x in "abc"],
-         [Placement(x, "a-0", (0,), SharingMode.MIG, mig_profile="2g.12gb") for x in "abc"],
-         "over-commits MIG slices"),
-        (A30, [job("a", 10, model="A30", mem=7000)],
-         [Placement("a", "a-0", (0,), SharingMode.MIG, mig_profile="1g.6gb")],
-         "MIG instance"),
+        (
+            ONE,
+            [job("a", 10), job("b", 10)],
+            [Placement("a", "n-0", (0,)), Placement("b", "n-0", (0,))],
+            "double-books",
+        ),
+        (
+            ONE,
+            [job("a", 10, mem=9000), job("b", 10, mem=9000)],
+            [
+                Placement("a", "n-0", (0,), SharingMode.MPS),
+                Placement("b", "n-0", (0,), SharingMode.MPS),
+            ],
+            "over-commits memory",
+        ),
+        (
+            A30,
+            [job(x, 10, model="A30", mem=1000) for x in "abc"],
+            [Placement(x, "a-0", (0,), SharingMode.MIG, mig_profile="2g.12gb") for x in "abc"],
+            "over-commits MIG slices",
+        ),
+        (
+            A30,
+            [job("a", 10, model="A30", mem=7000)],
+            [Placement("a", "a-0", (0,), SharingMode.MIG, mig_profile="1g.6gb")],
+            "MIG instance",
+        ),
         (ONE, [job("a", 10)], [Placement("a", "nowhere", (0,))], "unknown node"),
         (ONE, [job("a", 10)], [Placement("a", "n-0", (5,))], "GPU 5"),
         (ONE, [job("a", 10, gpus=2)], [Placement("a", "n-0", (0,))], "needs 2 GPU"),
         (ONE, [job("a", 10, model="K80")], [Placement("a", "n-0", (0,))], "no solo time"),
-        (ONE, [job("a", 10)], [Placement("a", "n-0", (0,), SharingMode.MIG, mig_profile="x")],
-         "supports"),
+        (
+            ONE,
+            [job("a", 10)],
+            [Placement("a", "n-0", (0,), SharingMode.MIG, mig_profile="x")],
+            "supports",
+        ),
         (ONE, [job("a", 10)], [Placement("a", "n-0", (), cpus=1)], "cpu_time_s"),
         (ONE, [job("a", 10)], [Placement("a", "n-0", (0,), cpus=99)], "CPU cores"),
     ],
@@ -153,8 +183,12 @@ def test_impossible_plans_raise_naming_policy_and_job(clus, jobs, placements, me
 
 def test_placing_a_job_twice_in_one_plan_raises():
     def fn(state, rng):
-        return Plan(decisions=(Decision(Placement("a", "n-0", (0,)), "x", ""),
-                               Decision(Placement("a", "n-0", (1,)), "x", "")))
+        return Plan(
+            decisions=(
+                Decision(Placement("a", "n-0", (0,)), "x", ""),
+                Decision(Placement("a", "n-0", (1,)), "x", ""),
+            )
+        )
 
     with pytest.raises(PolicyDecisionError, match="not pending"):
         simulate(ONE, [job("a", 10)], Scripted(fn))
@@ -169,8 +203,7 @@ def test_policy_returning_garbage_is_a_clear_error():
 
 def test_mig_instances_share_a_gpu_up_to_its_slices():
     jobs = [job(x, 40, model="A30", mem=5000) for x in "abcd"]
-    placements = [Placement(x, "a-0", (0,), SharingMode.MIG, mig_profile="1g.6gb")
-                  for x in "abcd"]
+    placements = [Placement(x, "a-0", (0,), SharingMode.MIG, mig_profile="1g.6gb") for x in "abcd"]
     result = simulate(A30, jobs, Scripted(_place(*placements)))
     assert all(r.end_reason == "completed" for r in result.jobs)
     assert result.timeline[0].busy_gpus == pytest.approx(1.0)  # 4 of 4 slices

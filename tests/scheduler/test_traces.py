@@ -30,7 +30,9 @@ def _solo_throughput(job_type: str, scale: int, gpu: str) -> float:
     with open(GAVEL_SOLO_CSV) as f:
         for row in csv.DictReader(f):
             if (row["job_type"], int(row["scale_factor"]), row["gpu_type"]) == (
-                job_type, scale, gpu
+                job_type,
+                scale,
+                gpu,
             ):
                 return float(row["throughput"])
     raise AssertionError("not in table")
@@ -38,8 +40,7 @@ def _solo_throughput(job_type: str, scale: int, gpu: str) -> float:
 
 def test_gavel_run_time_is_steps_over_measured_throughput(tmp_path):
     path = tmp_path / "t.csv"
-    path.write_text(GAVEL_HEADER + "7,ResNet-50 (batch size 64),12.5,5000,2\n"
-                    "3,A3C,0,1000,1\n")
+    path.write_text(GAVEL_HEADER + "7,ResNet-50 (batch size 64),12.5,5000,2\n3,A3C,0,1000,1\n")
     jobs = read_gavel_trace(path)
     assert [j.id for j in jobs] == ["3", "7"]  # sorted by arrival
     resnet = jobs[1]
@@ -111,8 +112,9 @@ def test_profiles_yaml_and_profile_trace(tmp_path):
     assert lammps.stall.memory_dependency == 70
     assert lammps.kind == JobKind.HPC
     trace = tmp_path / "t.csv"
-    trace.write_text("job_id,arrival_s,profile,gpus,gpu_memory_mb,priority\n"
-                     "b,10,cnn,1,,2\na,5,lammps,1,3000,0\n")
+    trace.write_text(
+        "job_id,arrival_s,profile,gpus,gpu_memory_mb,priority\nb,10,cnn,1,,2\na,5,lammps,1,3000,0\n"
+    )
     jobs = read_profile_trace(trace, profiles)
     assert [j.id for j in jobs] == ["a", "b"]
     assert jobs[0].gpu_memory_mb == 3000 and jobs[1].gpu_memory_mb is None
@@ -146,17 +148,28 @@ def test_profile_trace_unknown_profile_names_line(tmp_path):
 
 
 def test_profile_trace_round_trip(tmp_path):
-    prof = Profile(name="x", kind=JobKind.DL_TRAIN, gpu_time_s={"A100": 12.5}, cpu_time_s=80.0,
-                   memory_steps=(MemoryStep(0.0, 10.0, 20.0),), cm_ratio=3.5)
-    jobs = [JobSpec(id="1", name="first", arrival_s=0.25, gpus=2, profile=prof, priority=1,
-                    job_type="t"),
-            JobSpec(id="2", arrival_s=3.0, profile=prof, gpu_memory_mb=99.0, cpus=4)]
+    prof = Profile(
+        name="x",
+        kind=JobKind.DL_TRAIN,
+        gpu_time_s={"A100": 12.5},
+        cpu_time_s=80.0,
+        memory_steps=(MemoryStep(0.0, 10.0, 20.0),),
+        cm_ratio=3.5,
+    )
+    jobs = [
+        JobSpec(
+            id="1", name="first", arrival_s=0.25, gpus=2, profile=prof, priority=1, job_type="t"
+        ),
+        JobSpec(id="2", arrival_s=3.0, profile=prof, gpu_memory_mb=99.0, cpus=4),
+    ]
     write_profile_trace(jobs, tmp_path / "h.csv", tmp_path / "h.profiles.yaml")
     assert detect_trace_format(tmp_path / "h.csv") == "profile"
     back = read_trace(tmp_path / "h.csv")  # finds h.profiles.yaml next to it
-    assert [(j.id, j.arrival_s, j.gpus, j.priority, j.cpus, j.gpu_memory_mb, j.job_type)
-            for j in back] == [(j.id, j.arrival_s, j.gpus, j.priority, j.cpus, j.gpu_memory_mb,
-                                j.job_type) for j in jobs]
+    assert [
+        (j.id, j.arrival_s, j.gpus, j.priority, j.cpus, j.gpu_memory_mb, j.job_type) for j in back
+    ] == [
+        (j.id, j.arrival_s, j.gpus, j.priority, j.cpus, j.gpu_memory_mb, j.job_type) for j in jobs
+    ]
     assert back[0].profile == prof
 
 
