@@ -2,7 +2,10 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha1sum | cut -c1-12)
+# The pinned dependency set: pip takes every version from it (constraints), so a new release
+# upstream cannot change what CI installs. `make lock` regenerates it after pyproject changes.
+LOCK := requirements.lock
 # Where `make demo` serves the portal: `make demo PORT=8001` if 8000 is taken.
 HOST ?= 127.0.0.1
 PORT ?= 8000
@@ -14,12 +17,12 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 # Browser tests drive Debian's headless Chromium through its chromedriver.
 BROWSER_PACKAGES := chromium chromium-driver
 
-.PHONY: install demo test lint bench bench-quick browser-deps migrate clean
+.PHONY: install demo test lint bench bench-quick browser-deps migrate clean lock
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c $(LOCK) -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
@@ -38,16 +41,28 @@ demo: migrate
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Re-pin every dependency from a fresh environment (after a change to pyproject.toml).
+lock:
+	rm -rf .lock-venv && $(PY) -m venv .lock-venv
+	.lock-venv/bin/pip install -q --upgrade pip
+	.lock-venv/bin/pip install -q '.[dev]'
+	( sed -n '1,2p' $(LOCK); .lock-venv/bin/pip freeze --exclude-editable | grep -v -i '^cosched' \
+		| LC_ALL=C sort -f ) > $(LOCK).new && mv $(LOCK).new $(LOCK)
+	rm -rf .lock-venv build *.egg-info
 
 # Installs Chromium and chromedriver with apt-get when they are missing (as root, or through
 # passwordless sudo). Without either it says what to run and carries on: the browser tests then
-# skip with the same advice.
+# skip with the same advice, except under CI=true, where a missing browser fails the run (a
+# suite whose browser tests all skip must not pass). apt-get waits up to 5 min for its lock.
 browser-deps:
 	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then \
 		echo "browser-deps: chromium and chromedriver present"; \
 	elif ! command -v apt-get >/dev/null 2>&1; then \
 		echo "browser-deps: no apt-get here; install Chromium and chromedriver yourself" \
 			"(the browser tests skip without them)"; \
+		if [ "$${CI:-}" = true ]; then echo "browser-deps: CI=true needs them: failing"; exit 1; fi; \
 	else \
 		if [ "$$(id -u)" = 0 ]; then SUDO=; \
 		elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO=sudo; \
@@ -55,12 +70,15 @@ browser-deps:
 			echo "browser-deps: chromium/chromedriver missing and not root (no passwordless sudo);"; \
 			echo "  run: sudo apt-get install -y $(BROWSER_PACKAGES)"; \
 			echo "  (the browser tests skip until then)"; \
+			if [ "$${CI:-}" = true ]; then echo "browser-deps: CI=true needs them: failing"; exit 1; fi; \
 			exit 0; \
 		fi; \
 		echo "browser-deps: installing $(BROWSER_PACKAGES) with apt-get"; \
-		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
-		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-			--no-install-recommends $(BROWSER_PACKAGES); \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 update -q && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q \
+			--no-install-recommends $(BROWSER_PACKAGES) || exit 1; \
+		command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || \
+			{ echo "browser-deps: apt-get ran but chromium/chromedriver are still missing"; exit 1; }; \
 	fi
 
 test: install lint browser-deps
