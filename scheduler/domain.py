@@ -167,8 +167,24 @@ class JobSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class PlacementPart:
+    """One node's share of a gang placement: its GPUs and cores (see ``Placement.more``)."""
+
+    node: str
+    gpu_indices: tuple[int, ...] = ()
+    cpus: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class Placement:
-    """Where and how a job runs. ``gpu_indices`` empty means a CPU placement on ``node``."""
+    """Where and how a job runs. ``gpu_indices`` empty means a CPU placement on ``node``.
+
+    A **gang** (a job spread over several nodes, all or nothing) lists its first node in
+    ``node`` / ``gpu_indices`` / ``cpus`` (node rank 0, where ``MASTER_ADDR`` points) and the
+    other nodes in ``more``, in node-rank order. Every part has GPUs of one model and the same
+    ``mode``; ``cpus`` is per node. Code that only knows single-node placements keeps working on
+    the first part; gang-aware code iterates ``parts``.
+    """
 
     job_id: str
     node: str
@@ -177,10 +193,36 @@ class Placement:
     mps_percentage: int | None = None
     mig_profile: str | None = None
     cpus: int = 1
+    more: tuple[PlacementPart, ...] = ()
 
     @property
     def on_gpu(self) -> bool:
         return bool(self.gpu_indices)
+
+    @property
+    def is_gang(self) -> bool:
+        """True when the job spans more than one node."""
+        return bool(self.more)
+
+    @property
+    def parts(self) -> tuple[PlacementPart, ...]:
+        """Every node's share, node rank 0 first."""
+        return (PlacementPart(self.node, self.gpu_indices, self.cpus), *self.more)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Node names in node-rank order."""
+        return (self.node, *(p.node for p in self.more))
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs over every node of the placement."""
+        return len(self.gpu_indices) + sum(len(p.gpu_indices) for p in self.more)
+
+    @property
+    def gpu_keys(self) -> tuple[tuple[str, int], ...]:
+        """``(node, gpu index)`` of every GPU, in rank order."""
+        return tuple((p.node, i) for p in self.parts for i in p.gpu_indices)
 
 
 @dataclass(frozen=True, slots=True)
