@@ -27,7 +27,8 @@ POLICIES: dict[str, str] = {
     "exec_plan": "scheduler.policies.exec_plan:ExecPlanPolicy",
     "placement_rate+exec_plan": "scheduler.policies.exec_plan:PlacementRateExecPlan",
     "all_gpu+exec_plan": "scheduler.policies.exec_plan:AllGpuExecPlan",
-    # Later: "coscheml", "kscheduler", "sharing_mode", "slowdown_dr", "elastic".
+    "coscheml": "scheduler.policies.coscheml:CoschemlPolicy",
+    # Later: "kscheduler", "sharing_mode", "slowdown_dr", "elastic".
 }
 
 #: ``<name>+exec_plan`` works for any registered placement policy ``name`` (the execution plan
