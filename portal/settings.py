@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "portal.core",
     "portal.api",
     "portal.front",
+    "portal.ml",
 ]
 
 MIDDLEWARE = [
@@ -145,6 +146,9 @@ CELERY_BEAT_SCHEDULE = {
     "check-nodes": {"task": "cosched.check_nodes", "schedule": 10.0},
     "cluster-metrics": {"task": "cosched.cluster_metrics", "schedule": 5.0},
     "metrics-retention": {"task": "cosched.metrics_retention", "schedule": 3600.0},
+    # Co-scheML online learning (portal.ml): live co-runs -> samples; retrain proposals.
+    "ml-collect-coruns": {"task": "cosched.ml_collect_coruns", "schedule": 300.0},
+    "ml-retrain": {"task": "cosched.ml_retrain", "schedule": 6 * 3600.0},
 }
 
 COSCHED = {

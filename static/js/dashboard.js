@@ -217,6 +217,8 @@
         window.setTimeout(tick, document.hidden ? pollMs * 4 : pollMs);
       });
   }
-  if (page === "cluster") drawInterference().catch(function (err) { if (window.console) console.warn(err); });
+  // The cluster page now draws predicted vs measured interference with interference.js; the
+  // class-based heatmap is drawn only where a page still names its endpoint.
+  if (page === "cluster" && root.dataset.urlInterference) drawInterference().catch(function (err) { if (window.console) console.warn(err); });
   tick();
 })();
