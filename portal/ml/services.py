@@ -282,9 +282,7 @@ def training_run_execute(
         )
         with transaction.atomic():
             for algorithm, predictor in report.predictors.items():
-                predictor.name = _unique_name(
-                    f"{algorithm}-{report.dataset_hash[:8]}-run{run.pk}"
-                )
+                predictor.name = _unique_name(f"{algorithm}-{report.dataset_hash[:8]}-run{run.pk}")
                 model_register(predictor, run=run, live_samples=len(live))
             TrainingRun.objects.filter(pk=run.pk).update(
                 status=TrainingRun.Status.DONE,

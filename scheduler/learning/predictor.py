@@ -193,7 +193,7 @@ class InterferencePredictor:
     def summary(self) -> str:
         """ "forest-1a2b3c4d (random forest; cv5 MSE 0.0123, R^2 0.71)" for explanations."""
         s = self.scores("cv5")
-        if s.get("n"):
+        if s.get("n") and s.get("r2") is not None:
             return f"{self.name} ({self.algorithm}; cv5 MSE {s['mse']:.4f}, R^2 {s['r2']:.2f})"
         return f"{self.name} ({self.algorithm})"
 

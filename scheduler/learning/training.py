@@ -30,7 +30,6 @@ same features; its 5-fold accuracy and recall of infeasible pairs are reported.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,21 +95,29 @@ ALGORITHM_LABELS: Mapping[str, str] = {
 }
 
 
-def scores(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, float]:
-    """MSE, R^2 and MAE of normalised throughputs, and MSE / R^2 of slowdowns (1 / norm)."""
+def scores(y_true: np.ndarray, y_pred: np.ndarray) -> dict[str, Any]:
+    """MSE, R^2 and MAE of normalised throughputs, and MSE / R^2 of slowdowns (1 / norm);
+    an undefined R^2 is None (the scores are stored as JSON)."""
     if len(y_true) == 0:
         return {"n": 0}
     s_true = 1.0 / np.maximum(y_true, NORM_FLOOR)
     s_pred = 1.0 / np.clip(y_pred, NORM_FLOOR, None)
-    out = {
+    out: dict[str, float | None] = {
         "n": int(len(y_true)),
         "mse": float(mean_squared_error(y_true, y_pred)),
         "mae": float(mean_absolute_error(y_true, y_pred)),
-        "r2": float(r2_score(y_true, y_pred)) if len(y_true) > 1 else math.nan,
+        "r2": _r2(y_true, y_pred),
         "slowdown_mse": float(mean_squared_error(s_true, s_pred)),
-        "slowdown_r2": float(r2_score(s_true, s_pred)) if len(y_true) > 1 else math.nan,
+        "slowdown_r2": _r2(s_true, s_pred),
     }
     return out
+
+
+def _r2(y_true: np.ndarray, y_pred: np.ndarray) -> float | None:
+    """R^2, or None where it is undefined (fewer than two samples, or a constant truth)."""
+    if len(y_true) < 2 or float(np.var(y_true)) == 0.0:
+        return None
+    return float(r2_score(y_true, y_pred))
 
 
 def _folds(data: TrainingSet, validation: str, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
