@@ -109,11 +109,17 @@ def _holdout(args: argparse.Namespace) -> int:
             print(f"... {text}", file=sys.stderr)
 
     result = holdout_experiment(
-        fraction=args.fraction, seed=args.seed, scenario=args.scenario, progress=say
+        fraction=args.fraction,
+        seed=args.seed,
+        scenario=args.scenario,
+        extra_min_feasible=args.min_feasible or (),
+        scenario_pairs=args.scenario_pairs,
+        progress=say,
     )
     mae = result["mae"]
+    how = "the scenario's own" if args.scenario_pairs else f"a random {args.fraction:g} of the"
     print(
-        f"held out {mae['pairs']} of the PyTorch job-type pairs (seed {args.seed}); "
+        f"held out {mae['pairs']} pairs: {how} PyTorch job-type pairs (seed {args.seed}); "
         f"trained on {result['training']}"
     )
     print(
@@ -142,6 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
     h = sub.add_parser("holdout", help="the held-out-pairs experiment")
     h.add_argument("--fraction", type=float, default=0.25, help="share of pairs held out")
     h.add_argument("--scenario", default="philly", help="scenario to replay (default philly)")
+    h.add_argument(
+        "--scenario-pairs",
+        action="store_true",
+        help="hold out every pair of the scenario's job types instead of a random fraction",
+    )
+    h.add_argument(
+        "--min-feasible",
+        type=float,
+        action="append",
+        help="also run coscheml with this feasibility threshold (repeatable)",
+    )
     for q in (s, t, h):
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--quiet", action="store_true", help="no progress output")

@@ -131,12 +131,16 @@ def holdout_experiment(
     fraction: float = 0.25,
     seed: int = 0,
     scenario: str = "philly",
-    baselines: Sequence[str] = ("fifo", "binpack", "loadbalance", "mystic"),
+    baselines: Sequence[str] = ("fifo", "binpack", "loadbalance", "random", "mystic"),
+    extra_min_feasible: Sequence[float] = (),
+    scenario_pairs: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """The held-out-pairs experiment (module docstring). Returns the held-out pairs, the MAE
     scores, the simulation summary (a DataFrame) and how many coscheml pairings were pairs it
-    had never seen."""
+    had never seen. ``extra_min_feasible``: also run coscheml with these feasibility
+    thresholds (a sensitivity check). ``scenario_pairs``: hold out every pair of the scenario's
+    own job types (but the reference types) instead of a random ``fraction``."""
     from scheduler.interference import build_interference
     from scheduler.metrics import summarize
     from scheduler.policies.registry import build_policy
@@ -147,16 +151,27 @@ def holdout_experiment(
         if progress is not None:
             progress(text)
 
-    held_out = split_pairs(fraction, seed)
+    sc = load_scenario(scenario)
+    if scenario_pairs:
+        types = sorted({j.job_type for j in sc.jobs if j.job_type} - set(REFERENCE_JOB_TYPES))
+        held_out = [p for p in pytorch_pairs() if p <= set(types)]
+    else:
+        held_out = split_pairs(fraction, seed)
     say(f"training without {len(held_out)} held-out pairs")
     predictor, data = holdout_model(held_out, seed=seed)
     mae = holdout_mae(predictor, held_out)
-    sc = load_scenario(scenario)
     truth = build_interference(sc.interference)
     runs: list[tuple[str, Any]] = [
         ("coscheml (held-out model)", build_policy("coscheml", {"model": predictor})),
-        ("coscheml (measured pairs)", build_policy("coscheml", {"predictor": "measured"})),
     ]
+    for threshold in extra_min_feasible:
+        runs.append(
+            (
+                f"coscheml (held-out, min_feasible {threshold:g})",
+                build_policy("coscheml", {"model": predictor, "min_feasible": threshold}),
+            )
+        )
+    runs.append(("coscheml (measured pairs)", build_policy("coscheml", {"predictor": "measured"})))
     runs += [(name, build_policy(name, sc.policy_params.get(name))) for name in baselines]
     rows = []
     share = {}

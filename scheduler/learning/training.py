@@ -221,16 +221,17 @@ def fit_predictor(
         classifier = RandomForestClassifier(
             n_estimators=100, min_samples_leaf=2, random_state=seed, class_weight="balanced"
         ).fit(space.transform(data.a, data.b, data.g), data.feasible.astype(int))
-    meta = {
+    digest = data.digest()
+    meta: dict[str, Any] = {
         "algorithm": algorithm,
-        "dataset_hash": data.digest(),
+        "dataset_hash": digest,
         "dataset": data.describe(),
         "features": list(space.used_job_features),
         "seed": seed,
     }
     meta.update(metadata or {})
     return InterferencePredictor(
-        name=name or f"{algorithm}-{meta['dataset_hash'][:8]}",
+        name=name or f"{algorithm}-{digest[:8]}",
         algorithm=algorithm,
         space=space,
         regressor=model,

@@ -47,6 +47,10 @@ Parameters (besides the framework's; ``colocation_check`` defaults to None here)
 - ``memory_margin_mb`` (MB, 0): safety margin of ``can_co_schedule``.
 - ``max_predicted_slowdown`` (float or None, None): never take a pair whose interference value
   exceeds this (None: as the thesis, any pair may be taken).
+- ``min_feasible`` (0..1, 0.5): the trained model's feasibility classifier must give a pair at
+  least this probability of co-running at all, else the pair counts as an OOM (learned model
+  only). 0.5 is the classifier's own decision boundary; a higher value trades co-location for
+  fewer OOM restarts (docs/coscheml.md shows both on the held-out pairs).
 """
 
 from __future__ import annotations
@@ -91,6 +95,7 @@ class CoschemlPolicy(FrameworkPolicy):
         "predictor_params": None,
         "memory_margin_mb": 0.0,
         "max_predicted_slowdown": None,
+        "min_feasible": 0.5,
     }
     colocate: ClassVar[bool] = True
     scorers: ClassVar[tuple[str, ...]] = ()
@@ -115,7 +120,9 @@ class CoschemlPolicy(FrameworkPolicy):
                     str(p["predictor"]), **dict(p["predictor_params"] or {})
                 )
             else:
-                self.model = build_interference("learned", model=p["model"])
+                self.model = build_interference(
+                    "learned", model=p["model"], min_feasible=p["min_feasible"]
+                )
         except InterferenceError as exc:
             raise PolicyError(f"policy 'coscheml': {exc}") from None
         predictor = getattr(self.model, "predictor", None)
