@@ -210,6 +210,11 @@ def _place(slots: int, items: tuple[tuple[int, tuple[int, ...]], ...]) -> tuple[
 def valid_mig_layout(spec: GpuSpec, layout: Sequence[str]) -> bool:
     """Whether a GPU of ``spec`` can hold the instances ``layout`` at once (compute slices and
     the placement rules); False for an unknown profile or a model without MIG."""
+    return _valid_layout(spec, tuple(sorted(layout)))
+
+
+@functools.lru_cache(maxsize=8192)
+def _valid_layout(spec: GpuSpec, layout: tuple[str, ...]) -> bool:
     if not spec.mig_profiles:
         return not layout
     try:

@@ -87,6 +87,7 @@ from scheduler.policies.framework import (
     WorkingView,
     framework_defaults,
     gb,
+    job_type_key,
 )
 
 MIG, MPS, TS, EXCL = (
@@ -97,6 +98,7 @@ MIG, MPS, TS, EXCL = (
 )
 _MODE_TEXT = {MIG: "MIG", MPS: "MPS", TS: "time-slicing", EXCL: "exclusive"}
 SENSITIVITY_SPAN = 4.0  # sensitivity is measured from a quarter of the SMs (A30 1g) up
+MIG_SCAN = 16  # GPUs of a MIG pool looked at for a free instance
 
 sharing_defaults: dict[str, Any] = {
     **framework_defaults,
@@ -232,6 +234,11 @@ class SharingPolicyBase(FrameworkPolicy):
                         st.layout.append(pl.mig_profile)  # the snapshot knew no layout
         self._mig = mig
         self._layouts_here = layouts
+        self._rank_memo: dict[tuple[Any, ...], tuple[int, float, str]] = {}
+        self._profile_memo: dict[tuple[str, float], MigProfile | None] = {}
+        self._describe_memo: dict[str, tuple[str, str, str]] = {}
+        self._counts: dict[str, tuple[int, int]] = {}
+        self._mig_memo: dict[tuple[Any, ...], tuple[WorkGpu, bool] | None] = {}
         self._gpu_memory: dict[str, int] = {}  # model -> memory (MB) of the GPUs that are up
         for n in state.nodes:
             for g in n.gpus if n.up else ():
@@ -241,7 +248,13 @@ class SharingPolicyBase(FrameworkPolicy):
         return (job.owner, self.describe(job))
 
     def describe(self, job: JobSpec) -> tuple[str, str, str]:
-        return describe(job, high=self.high, cm_threshold=self.cm_threshold)
+        memo = getattr(self, "_describe_memo", None)
+        if memo is None:
+            return describe(job, high=self.high, cm_threshold=self.cm_threshold)
+        out = memo.get(job.id)
+        if out is None:
+            out = memo[job.id] = describe(job, high=self.high, cm_threshold=self.cm_threshold)
+        return out
 
     # -- candidates ----------------------------------------------------------------------------
 
@@ -253,11 +266,48 @@ class SharingPolicyBase(FrameworkPolicy):
             modes.remove(MIG)
         return modes or [EXCL]
 
+    #: Return only the best candidate of each tier (cheap on large clusters); a policy that
+    #: draws among all candidates (``sharing_random``) sets it False.
+    shortlist: ClassVar[bool] = True
+
     def candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
         if job.gpus != 1:
             return super().candidates(job, view)
         need, cpus, allowed = job.memory_need_mb(), job.cpus, self.allowed_models(job)
-        out: list[Candidate] = []
+        out: list[tuple[Any, ...]] = []  # every offer (when not shortlisting)
+        best: dict[int, tuple[float, int, Any]] = {}  # tier -> (est, order, offer args)
+        counts = [0, 0]  # candidates, preferred ones
+        jtype = job_type_key(job)
+        probe = SharingCandidate(None, (), EXCL)  # ranked in place, never returned
+
+        def offer(
+            gpu: WorkGpu,
+            pool: list[WorkGpu],
+            mode: SharingMode,
+            situation: tuple[Any, ...],
+            prof: MigProfile | None = None,
+            layout: tuple[str, ...] | None = None,
+            creates: bool = False,
+        ) -> None:
+            key = (jtype, situation, mode, prof.name if prof else None, creates)
+            ranked = self._rank_memo.get(key)
+            if ranked is None:
+                probe.node, probe.gpus, probe.mode = gpu.node, (gpu,), mode
+                probe.mig_profile, probe.pool = prof, pool
+                probe.mig_layout, probe.creates = layout, creates
+                self.rank(job, probe)
+                ranked = self._rank_memo[key] = (probe.tier, probe.est_s, probe.why)
+            tier = ranked[0]
+            counts[0] += 1
+            counts[1] += tier == 0
+            args = (gpu, pool, mode, prof, layout, creates, ranked)
+            if not self.shortlist:
+                out.append(args)
+                return
+            held = best.get(tier)
+            if held is None or (ranked[1], gpu.order) < held[:2]:
+                best[tier] = (ranked[1], gpu.order, args)
+
         for sid, pool in view.idle_pools.items():
             spec = view.specs[sid]
             if not pool or (allowed is not None and spec.model not in allowed):
@@ -267,11 +317,12 @@ class SharingPolicyBase(FrameworkPolicy):
                 continue
             for mode in self.modes_of(spec):
                 if mode == MIG:
-                    cand = self._idle_mig(job, spec, pool, gpu, view)
-                    if cand is not None:
-                        out.append(cand)
+                    found = self._idle_mig(job, spec, pool, gpu)
+                    if found is not None:
+                        g, prof, layout = found
+                        offer(g, pool, MIG, ("idle", sid), prof, layout, layout is not None)
                 elif spec.memory_mb >= need:
-                    out.append(SharingCandidate(gpu.node, (gpu,), mode, None, pool))
+                    offer(gpu, pool, mode, ("idle", sid))
         limit = int(self.params.get("max_jobs_per_gpu", 2))
         for key, pool in view.shared_pools.items():
             sid, mode, residents, committed, _slices, owners = key
@@ -281,9 +332,10 @@ class SharingPolicyBase(FrameworkPolicy):
             if owners is not None and owners != (job.owner,):
                 continue  # one MPS user per GPU
             if mode == MIG:
-                cand = self._shared_mig(job, spec, pool, cpus)
-                if cand is not None:
-                    out.append(cand)
+                found_mig = self._shared_mig(job, spec, key, pool, cpus)
+                if found_mig is not None:
+                    g, prof, creates = found_mig
+                    offer(g, pool, MIG, (sid, mode, residents), prof, None, creates)
                 continue
             if len(residents) >= limit or spec.memory_mb - committed < need:
                 continue
@@ -291,53 +343,100 @@ class SharingPolicyBase(FrameworkPolicy):
                 continue
             gpu = view.first_with_cores(pool, cpus)
             if gpu is not None:
-                out.append(SharingCandidate(gpu.node, (gpu,), mode, None, pool))
-        out.sort(key=lambda c: (c.order, str(c.mode)))
-        return out
+                offer(gpu, pool, mode, (sid, mode, residents))
+        self._counts[job.id] = (counts[0], counts[1])
+        if not self.shortlist:
+            return self.draw(job, out)
+        chosen = [self._materialise(*b[2]) for b in best.values()]
+        chosen.sort(key=lambda c: (c.order, str(c.mode)))
+        return list(chosen)
+
+    def draw(self, job: JobSpec, offers: list[tuple[Any, ...]]) -> list[Candidate]:
+        """Policies that do not shortlist choose among every offer here (``sharing_random``)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _materialise(
+        gpu: WorkGpu,
+        pool: list[WorkGpu],
+        mode: SharingMode,
+        prof: MigProfile | None,
+        layout: tuple[str, ...] | None,
+        creates: bool,
+        ranked: tuple[int, float, str],
+    ) -> SharingCandidate:
+        cand = SharingCandidate(
+            gpu.node, (gpu,), mode, prof, pool, mig_layout=layout, creates=creates
+        )
+        cand.tier, cand.est_s, cand.why = ranked
+        return cand
 
     def _smallest_profile(self, spec: GpuSpec, need: float) -> MigProfile | None:
-        fits = [p for p in spec.mig_profiles if p.memory_mb >= need]
-        return min(fits, key=lambda p: (p.memory_mb, p.compute_slices)) if fits else None
+        key = (spec.model, need)
+        if key not in self._profile_memo:
+            fits = [p for p in spec.mig_profiles if p.memory_mb >= need]
+            self._profile_memo[key] = (
+                min(fits, key=lambda p: (p.memory_mb, p.compute_slices)) if fits else None
+            )
+        return self._profile_memo[key]
 
     def _idle_mig(
-        self, job: JobSpec, spec: GpuSpec, pool: list[WorkGpu], first: WorkGpu, view: WorkingView
-    ) -> SharingCandidate | None:
+        self, job: JobSpec, spec: GpuSpec, pool: list[WorkGpu], first: WorkGpu
+    ) -> tuple[WorkGpu, MigProfile, tuple[str, ...] | None] | None:
+        """(GPU, profile, re-layout or None) for ``job`` on an idle MIG GPU of ``pool``: one
+        already laid out with a free instance of its profile if there is one among the first
+        ``MIG_SCAN``, else ``first`` re-laid out (the new instance plus the old ones that
+        still fit)."""
         prof = self._smallest_profile(spec, job.memory_need_mb())
         if prof is None:
             return None
-        if self._layouts_here:  # prefer an idle GPU already laid out with a free instance
-            for gpu in pool:
+        if self._layouts_here:
+            for gpu in pool[:MIG_SCAN]:
                 st = self._mig.get((gpu.node.name, gpu.index))
                 if st is not None and st.free(prof.name) and gpu.node.has_cores(job.cpus):
-                    return SharingCandidate(gpu.node, (gpu,), MIG, prof, pool)
+                    return gpu, prof, None
         st = self._mig.get((first.node.name, first.index))
         old = st.layout if st is not None else []
         layout = [prof.name]
-        for name in old:  # keep the old instances that still fit next to the new one
+        for name in old:
             if valid_mig_layout(spec, [*layout, name]):
                 layout.append(name)
-        return SharingCandidate(
-            first.node, (first,), MIG, prof, pool, mig_layout=tuple(layout), creates=True
-        )
+        return first, prof, tuple(layout)
 
     def _shared_mig(
-        self, job: JobSpec, spec: GpuSpec, pool: list[WorkGpu], cpus: int
-    ) -> SharingCandidate | None:
+        self, job: JobSpec, spec: GpuSpec, key: tuple[Any, ...], pool: list[WorkGpu], cpus: int
+    ) -> tuple[WorkGpu, MigProfile, bool] | None:
+        """(GPU, profile, whether the instance must be created) in a shared MIG pool: a GPU
+        with a free instance of the job's profile, else one where it can be created, among the
+        pool's first ``MIG_SCAN`` GPUs (a pool holds GPUs with the same jobs and slices used;
+        their layouts may differ). Cached per pool and profile while the answer's GPU stays in
+        the pool (a reservation moves a GPU to another pool)."""
         prof = self._smallest_profile(spec, job.memory_need_mb())
         if prof is None:
             return None
+        memo_key = (key, prof.name, cpus)
+        hit = self._mig_memo.get(memo_key, False)
+        if hit is not False:
+            if hit is None:
+                return None
+            gpu, creates = hit
+            if gpu.pool_key == key and gpu.node.has_cores(cpus):
+                return gpu, prof, creates
         creatable = None
-        for gpu in pool:
+        found = None
+        for gpu in pool[:MIG_SCAN]:
             if not gpu.node.has_cores(cpus) or prof.compute_slices > gpu.free_mig_slices():
                 continue
             st = self._mig.get((gpu.node.name, gpu.index)) or _MigState(())
             if st.free(prof.name):
-                return SharingCandidate(gpu.node, (gpu,), MIG, prof, pool)
+                found = (gpu, False)
+                break
             if creatable is None and valid_mig_layout(spec, [*st.in_use(), prof.name]):
                 creatable = gpu
-        if creatable is None:
-            return None
-        return SharingCandidate(creatable.node, (creatable,), MIG, prof, pool, creates=True)
+        if found is None and creatable is not None:
+            found = (creatable, True)
+        self._mig_memo[memo_key] = found
+        return None if found is None else (found[0], prof, found[1])
 
     # -- estimates -----------------------------------------------------------------------------
 
@@ -382,7 +481,6 @@ class SharingPolicyBase(FrameworkPolicy):
         best: SharingCandidate | None = None
         for c in cands:
             assert isinstance(c, SharingCandidate)
-            self.rank(job, c)
             if c.tier < 0 or (c.tier > 0 and not self.allow_fallback()):
                 continue
             c.score = -c.est_s
@@ -392,9 +490,10 @@ class SharingPolicyBase(FrameworkPolicy):
             self.commit(job, best)
         elif cands:
             wanted = next((c.why for c in cands if isinstance(c, SharingCandidate)), "")
+            total = self._counts.get(job.id, (len(cands), 0))[0]
             self._waiting_note[job.id] = (
                 f"{wanted.split(', none free')[0]}: no GPU free under that mode and fallback "
-                f"is off ({len(cands)} placements under other modes possible)"
+                f"is off ({total} placements under other modes possible)"
             )
         return best
 
@@ -443,8 +542,8 @@ class SharingPolicyBase(FrameworkPolicy):
                 + (f", re-layout to {layout}" if layout else "")
                 + ")"
             )
-        preferred = sum(1 for c in cands if isinstance(c, SharingCandidate) and c.tier == 0)
-        text += f"; best of {len(cands)} candidates ({preferred} preferred)"
+        total, preferred = self._counts.get(job.id, (len(cands), 0))
+        text += f"; best of {total} candidates ({preferred} preferred)"
         return text + f"; {self.fit_text(job, chosen)}"
 
 
@@ -497,6 +596,7 @@ class SharingRandomPolicy(SharingPolicyBase):
     """
 
     name: ClassVar[str] = "sharing_random"
+    shortlist: ClassVar[bool] = False
     defaults: ClassVar[Mapping[str, Any]] = {**sharing_defaults, "bind": False, "bind_seed": 0}
 
     def begin_cycle(self, state: ClusterState, view: WorkingView) -> None:
@@ -518,31 +618,25 @@ class SharingRandomPolicy(SharingPolicyBase):
         draw = zlib.crc32(f"{self.params['bind_seed']}:{job.id}".encode())
         return eligible[draw % len(eligible)]
 
-    def candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
-        cands = super().candidates(job, view)
-        if not self.params.get("bind") or job.gpus != 1:
-            return cands
+    def bound_offers(self, job: JobSpec, offers: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """The offers on the GPU ``job`` is bound to, moved onto that GPU (``bind``)."""
         key = self.bound_gpu(job)
         gpu = self._usable.get(key) if key is not None else None
         out = []
-        for c in cands:
-            if gpu is not None and c.pool is not None and gpu in c.pool:
-                assert isinstance(c, SharingCandidate)
-                if c.mode == MIG and c.gpus[0] is not gpu:
-                    st = self._mig.get(key) or _MigState(())  # type: ignore[arg-type]
-                    prof = c.mig_profile
-                    if prof is None:
-                        continue
-                    if st.free(prof.name):
-                        c.mig_layout, c.creates = None, False
-                    elif gpu.idle:
-                        c.mig_layout, c.creates = (prof.name,), True
-                    elif valid_mig_layout(gpu.spec, [*st.in_use(), prof.name]):
-                        c.mig_layout, c.creates = None, True
-                    else:
-                        continue
-                c.gpus, c.node = (gpu,), gpu.node
-                out.append(c)
+        for g, pool, mode, prof, layout, creates, ranked in offers:
+            if gpu is None or gpu not in pool:
+                continue
+            if mode == MIG and g is not gpu and prof is not None:
+                st = self._mig.get(key) or _MigState(())  # type: ignore[arg-type]
+                if st.free(prof.name):
+                    layout, creates = None, False
+                elif gpu.idle:
+                    layout, creates = (prof.name,), True
+                elif valid_mig_layout(gpu.spec, [*st.in_use(), prof.name]):
+                    layout, creates = None, True
+                else:
+                    continue
+            out.append((gpu, [gpu], mode, prof, layout, creates, ranked))
         if not out:
             where = f"{key[0]}/gpu{key[1]}" if key is not None else "no GPU"
             self._waiting_note[job.id] = f"bound to {where} (random binding), which is full"
@@ -551,29 +645,34 @@ class SharingRandomPolicy(SharingPolicyBase):
     def rank(self, job: JobSpec, cand: SharingCandidate) -> None:
         cand.tier, cand.est_s, cand.why = 0, self.expected_s(job, cand), "random pick"
 
-    def pick(
-        self, job: JobSpec, cands: list[Candidate], view: WorkingView, rng: random.Random
-    ) -> Candidate | None:
-        if job.gpus != 1 or not all(isinstance(c, SharingCandidate) for c in cands):
-            return FrameworkPolicy.pick(self, job, cands, view, rng)
-        # One entry per GPU situation (pool): draw a GPU uniformly, then one of its modes.
-        by_pool: dict[int, list[SharingCandidate]] = {}
-        for c in cands:
-            assert isinstance(c, SharingCandidate)
-            by_pool.setdefault(id(c.pool) if c.pool is not None else id(c), []).append(c)
+    def sort_queue(
+        self, pending: Sequence[JobSpec], view: WorkingView, rng: random.Random
+    ) -> list[JobSpec]:
+        self._rng = rng  # the draws happen while listing candidates (``draw``)
+        return super().sort_queue(pending, view, rng)
+
+    def draw(self, job: JobSpec, offers: list[tuple[Any, ...]]) -> list[Candidate]:
+        """Uniform over GPUs: a pool in proportion to its size, a GPU in it, then one of the
+        modes offered on that pool. Only the drawn candidate is built."""
+        if self.params.get("bind"):
+            offers = self.bound_offers(job, offers)
+        if not offers:
+            return []
+        by_pool: dict[int, list[tuple[Any, ...]]] = {}
+        for o in offers:
+            by_pool.setdefault(id(o[1]), []).append(o)
         groups = list(by_pool.values())
-        total = sum(g[0].pool_size for g in groups)
+        total = sum(len(g[0][1]) for g in groups)
+        rng = self._rng
         draw = rng.randrange(total)
+        bound = bool(self.params.get("bind"))
         for group in groups:
-            size = group[0].pool_size
+            size = len(group[0][1])
             if draw < size:
-                chosen = group[rng.randrange(len(group))]
-                bound = self.params.get("bind")
-                if not bound and chosen.pool is not None and size > 1 and chosen.mode != MIG:
-                    gpu = chosen.pool[draw]
-                    if gpu.node.has_cores(job.cpus):
-                        chosen.gpus, chosen.node = (gpu,), gpu.node
-                self.rank(job, chosen)
+                gpu, pool, mode, prof, layout, creates, ranked = group[rng.randrange(len(group))]
+                if not bound and size > 1 and mode != MIG and pool[draw].node.has_cores(job.cpus):
+                    gpu = pool[draw]
+                chosen = self._materialise(gpu, pool, mode, prof, layout, creates, ranked)
                 chosen.why = (
                     f"random binding (seed {self.params['bind_seed']}) to this GPU, mode 1 of "
                     f"{len(group)} it allows"
@@ -581,7 +680,17 @@ class SharingRandomPolicy(SharingPolicyBase):
                     else f"random pick: GPU 1 of {total} that can take it, mode 1 of "
                     f"{len(group)} it allows"
                 )
-                self.commit(job, chosen)
-                return chosen
+                return [chosen]
             draw -= size
-        return None
+        return []  # pragma: no cover - the draw is below the total
+
+    def pick(
+        self, job: JobSpec, cands: list[Candidate], view: WorkingView, rng: random.Random
+    ) -> Candidate | None:
+        if job.gpus != 1 or not all(isinstance(c, SharingCandidate) for c in cands):
+            return FrameworkPolicy.pick(self, job, cands, view, rng)
+        chosen = cands[0] if cands else None
+        if chosen is not None:
+            assert isinstance(chosen, SharingCandidate)
+            self.commit(job, chosen)
+        return chosen
