@@ -136,12 +136,11 @@ class SharingPipelinePolicy(SharingModePolicy):
             return f"{rank}; placed {self.placement_text(job, chosen)}: CPU side"
         text = super().explain(job, chosen, cands, view)
         pairing = ""
-        if isinstance(chosen, SharingCandidate) and "pairing:" not in chosen.why:
-            pairing = (
-                "; pairing: fits its co-runners"
-                if chosen.gpus[0].jobs and chosen.mode in _SHARED
-                else ""
-            )
+        shares = bool(chosen.gpus[0].jobs) and chosen.mode in _SHARED
+        if not self.params.get("pairing", True):
+            pairing = "; pairing: off"
+        elif isinstance(chosen, SharingCandidate) and "pairing:" not in chosen.why and shares:
+            pairing = "; pairing: fits its co-runners"
         return f"{rank}; mode: {text}{pairing}"
 
 

@@ -17,9 +17,14 @@ The criteria of section 4.3.2, per candidate GPU (``preferred_mode``):
 5. otherwise (the pair is C+C or C+M): high sensitivity -> MIG, low -> MPS.
 
 Criteria 3-5 decide every job that criterion 1 does not (criterion 2 is their consequence);
-a big, highly sensitive job therefore goes to MIG. A candidate whose mode is the one the
-criteria give for that GPU is *preferred*. Among preferred candidates the policy takes the one
-where the job is expected to finish first: its profiled solo time on that GPU model (the
+a big, highly sensitive job therefore goes to MIG. Criteria 3-5 compare MPS with MIG by what
+runs on the MPS GPU: a candidate is *preferred* (tier 0) when its mode is the one they give
+(an MPS GPU is judged by its own residents, a MIG instance is isolated from its neighbours);
+the other of MPS and MIG comes second (tier 1: criterion 2 allows either, so a low-sensitivity
+job takes MIG when no MPS GPU is free); time-slicing for a job criterion 1 does not send
+there, and an MPS GPU that criterion 4 rules out (a memory-intensive job next to another), are
+fallbacks (tier 2). Within the best tier the policy takes the candidate where the job is
+expected to finish first: its profiled solo time on that GPU model (the
 per-model sensitivity of the profile) divided by its expected share there (time-slicing:
 ``1 / (n + 1)``; MPS: the ``class_based`` interference estimate; MIG: the instance's share of
 the SMs to the power ``ln(sensitivity) / ln 4``), plus ``mig_relayout_s`` when a MIG instance
@@ -28,7 +33,8 @@ memory covers the job's demand"): the GPU's free memory under time-slicing and M
 instance's under MIG.
 
 **Reading chosen** where the paper is silent: with ``fallback`` on (default) a job whose
-preferred GPUs are all full takes the best other candidate rather than wait (the paper's
+MPS and MIG GPUs (or time-slicing ones, for criterion 1) are all full takes the best other
+candidate rather than wait (the paper's
 Kubernetes pods would wait for their resource type; ``fallback: false`` reproduces that);
 explanations say when a job fell back. Missing classes: unknown scale counts as medium,
 unknown sensitivity as low, unknown C/M as C.
@@ -99,6 +105,7 @@ MIG, MPS, TS, EXCL = (
 _MODE_TEXT = {MIG: "MIG", MPS: "MPS", TS: "time-slicing", EXCL: "exclusive"}
 SENSITIVITY_SPAN = 4.0  # sensitivity is measured from a quarter of the SMs (A30 1g) up
 MIG_SCAN = 16  # GPUs of a MIG pool looked at for a free instance
+FALLBACK_TIER = 2  # candidates ranked this or worse are taken only with ``fallback``
 
 sharing_defaults: dict[str, Any] = {
     **framework_defaults,
@@ -161,8 +168,8 @@ def describe(job: JobSpec, *, high: float, cm_threshold: float) -> tuple[str, st
 def preferred_mode(
     scale: str, sens: str, cls: str, residents: Sequence[tuple[str, str]]
 ) -> tuple[SharingMode, str]:
-    """The mode the criteria of §4.3.2 give a job with these classes on a GPU whose residents
-    have these (scale, C/M) classes; and which criterion decided, as text."""
+    """The mode the criteria of §4.3.2 give a job with these classes next to an MPS GPU whose
+    residents have these (scale, C/M) classes; and which criterion decided, as text."""
     if scale == "big" and sens == "low":
         return TS, "criterion 1 (big, low sensitivity -> time-slicing)"
     if not residents:
@@ -173,6 +180,22 @@ def preferred_mode(
     pair = "C+M" if cls == "M" or any(c == "M" for _, c in residents) else "C+C"
     mode = MIG if sens == "high" else MPS
     return mode, f"criterion 5 ({pair}, {sens} sensitivity -> {_MODE_TEXT[mode]})"
+
+
+def criteria_tier(
+    scale: str, sens: str, cls: str, mode: SharingMode, residents: Sequence[tuple[str, str]]
+) -> tuple[int, str]:
+    """How the criteria rank a candidate under ``mode`` on a GPU with these residents:
+    0 = the mode they give; 1 = the other of MPS / MIG, which criterion 2 also allows (taken
+    when no GPU of the preferred mode is free); 2 = outside the criteria (a fallback)."""
+    want, why = preferred_mode(scale, sens, cls, residents if mode == MPS else [])
+    if mode == MPS and want == MIG and residents and why.startswith("criterion 4"):
+        return 2, f"{why}: not this MPS GPU"
+    if mode == want:
+        return 0, why
+    if want in (MPS, MIG) and mode in (MPS, MIG):
+        return 1, f"{why}, none free: {_MODE_TEXT[mode]} (criterion 2 allows MPS or MIG)"
+    return 2, f"{why}, none free: fell back to {_MODE_TEXT[mode]}"
 
 
 class SharingPolicyBase(FrameworkPolicy):
@@ -239,6 +262,7 @@ class SharingPolicyBase(FrameworkPolicy):
         self._describe_memo: dict[str, tuple[str, str, str]] = {}
         self._counts: dict[str, tuple[int, int]] = {}
         self._mig_memo: dict[tuple[Any, ...], tuple[WorkGpu, bool] | None] = {}
+        self._rule_4: set[str] = set()
         self._gpu_memory: dict[str, int] = {}  # model -> memory (MB) of the GPUs that are up
         for n in state.nodes:
             for g in n.gpus if n.up else ():
@@ -300,6 +324,8 @@ class SharingPolicyBase(FrameworkPolicy):
             tier = ranked[0]
             counts[0] += 1
             counts[1] += tier == 0
+            if mode == MPS and ranked[2].startswith("criterion 4"):
+                self._rule_4.add(job.id)  # an MPS GPU was ruled out: MIG is criterion 4's
             args = (gpu, pool, mode, prof, layout, creates, ranked)
             if not self.shortlist:
                 out.append(args)
@@ -467,7 +493,8 @@ class SharingPolicyBase(FrameworkPolicy):
     # -- picking and explaining ----------------------------------------------------------------
 
     def rank(self, job: JobSpec, cand: SharingCandidate) -> None:
-        """Set ``cand.tier`` (0 = preferred; > 0 = fallback; None = never), ``est_s``, ``why``."""
+        """Set ``cand.tier`` (0 = preferred, 1 = second choice, >= ``FALLBACK_TIER`` = only
+        with ``fallback``), ``cand.est_s`` and ``cand.why``."""
         raise NotImplementedError
 
     def allow_fallback(self) -> bool:
@@ -481,7 +508,7 @@ class SharingPolicyBase(FrameworkPolicy):
         best: SharingCandidate | None = None
         for c in cands:
             assert isinstance(c, SharingCandidate)
-            if c.tier < 0 or (c.tier > 0 and not self.allow_fallback()):
+            if c.tier >= FALLBACK_TIER and not self.allow_fallback():
                 continue
             c.score = -c.est_s
             if best is None or (c.tier, c.est_s, c.order) < (best.tier, best.est_s, best.order):
@@ -532,7 +559,10 @@ class SharingPolicyBase(FrameworkPolicy):
             return self.whole_gpus_text(job, chosen, cands)
         scale, sens, cls = self.describe(job)
         where = self.placement_text(job, chosen)
-        text = f"{chosen.why}: placed {where} {self.residents_text(chosen)}"
+        why = chosen.why
+        if chosen.mode == MIG and chosen.tier == 1 and job.id in self._rule_4:
+            why = "criterion 4 (memory-intensive job on the MPS GPU -> MIG)"
+        text = f"{why}: placed {where} {self.residents_text(chosen)}"
         text += f"; {scale}, {sens} sensitivity, {cls}"
         text += f"; expected {chosen.est_s:.0f} s there"
         if chosen.creates:
@@ -557,13 +587,8 @@ class SharingModePolicy(SharingPolicyBase):
         residents = [
             (profile_scale_class(r.profile) or "medium", self._cls(r)) for r in cand.gpus[0].jobs
         ]
-        want, why = preferred_mode(scale, sens, cls, residents)
+        cand.tier, cand.why = criteria_tier(scale, sens, cls, cand.mode, residents)
         cand.est_s = self.expected_s(job, cand)
-        if cand.mode == want:
-            cand.tier, cand.why = 0, why
-        else:
-            cand.tier = 1
-            cand.why = f"{why}, none free: fell back to {_MODE_TEXT[cand.mode]}"
 
     def _cls(self, job: JobSpec) -> str:
         return cm_class(job.profile, threshold=self.cm_threshold) or "C"
@@ -583,7 +608,7 @@ class ByScalePolicy(SharingModePolicy):
         if cand.mode == want:
             cand.tier, cand.why = 0, why
         else:
-            cand.tier = 1
+            cand.tier = 2
             cand.why = f"{why}, none free: fell back to {_MODE_TEXT[cand.mode]}"
 
 

@@ -886,6 +886,13 @@ class Simulator:
                 raise PolicyDecisionError(
                     name, pl.job_id, f"asks for {pl.mode} on {label}, which runs in {gpu.mode}"
                 )
+            if pl.mode == SharingMode.MPS and any(j.spec.owner != job.spec.owner for j in gpu.jobs):
+                raise PolicyDecisionError(
+                    name,
+                    pl.job_id,
+                    f"puts owner {job.spec.owner!r} under MPS on {label} next to another owner's "
+                    "jobs (MPS serves one unix user per GPU)",
+                )
         if pl.mode == SharingMode.MIG:
             profile = next((p for p in gpu.spec.mig_profiles if p.name == pl.mig_profile), None)
             if profile is None:
