@@ -624,6 +624,7 @@ class FrameworkPolicy(Policy):
             self.allowed_models(job),
             self.feasibility_key(job),
             job_type_key(job) if self.colocation_check is not None and job.gpus == 1 else None,
+            job.owner,  # MPS GPUs take one owner's jobs: owners fit differently
         )
 
     def feasibility_key(self, job: JobSpec) -> Any:
