@@ -66,11 +66,16 @@ def shuffled(jobs: Sequence[JobSpec], seed: int) -> list[JobSpec]:
     return out
 
 
-def run_sharing001(seeds: int = 20, progress: Callable[[str], None] | None = None) -> pd.DataFrame:
-    """One row per (reading, policy, seed): makespan and completion counts."""
+def run_sharing001(
+    seeds: int = 20,
+    progress: Callable[[str], None] | None = None,
+    scenario: str = "sharing001",
+) -> pd.DataFrame:
+    """One row per (reading, policy, seed): makespan and completion counts. ``scenario``: the
+    built-in one, or the path of a variant (another profiles file, cluster...)."""
     from scheduler.scenarios import load_scenario
 
-    sc = load_scenario("sharing001")
+    sc = load_scenario(scenario)
     model = build_interference(sc.interference)
     rows = []
     runs = len(SHARING_READINGS) * len(SHARING_POLICIES) * seeds
@@ -216,6 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("name", choices=["sharing001", "kscheduler003"])
     parser.add_argument("--seeds", type=int, default=20, help="sharing001: seeds (default 20)")
+    parser.add_argument(
+        "--scenario", help="sharing001: a variant scenario YAML instead of the built-in one"
+    )
     parser.add_argument("--out", help="directory for runs.csv and summary.csv")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
@@ -223,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--seeds must be >= 1")
     say = _progress(not args.quiet and sys.stderr.isatty())
     if args.name == "sharing001":
-        runs = run_sharing001(args.seeds, progress=say)
+        runs = run_sharing001(args.seeds, progress=say, scenario=args.scenario or "sharing001")
         summary = summarize_sharing001(runs)
     else:
         runs = run_kscheduler003(progress=say)
