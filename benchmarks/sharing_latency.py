@@ -58,9 +58,12 @@ SHARING_POLICIES = (
 )
 KERNEL_POLICIES = ("kscheduler", "warped_slicer", "even_partition")
 OWNERS = 20
-FULL = {"gpus": (1_000, 8_000), "pending": 1_000, "repeats": 3}
-QUICK = {"gpus": (100,), "pending": 100, "repeats": 2}
-_MIG_LAYOUT = {"A30": ("2g.12gb", "1g.6gb", "1g.6gb"), "A100": ("3g.20gb", "2g.10gb", "2g.10gb")}
+FULL: dict[str, Any] = {"gpus": (1_000, 8_000), "pending": 1_000, "repeats": 3}
+QUICK: dict[str, Any] = {"gpus": (100,), "pending": 100, "repeats": 2}
+_MIG_LAYOUT: dict[str, tuple[str, ...]] = {
+    "A30": ("2g.12gb", "1g.6gb", "1g.6gb"),
+    "A100": ("3g.20gb", "2g.10gb", "2g.10gb"),
+}
 _SHARED = {
     "TitanXp": SharingMode.TIME_SLICING,
     "RTX2080Ti": SharingMode.MPS,

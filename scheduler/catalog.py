@@ -207,6 +207,10 @@ def _place(slots: int, items: tuple[tuple[int, tuple[int, ...]], ...]) -> tuple[
     return tuple(starts) if go(0) else None
 
 
+def _compute_slices(spec: GpuSpec, layout: Sequence[str]) -> int:
+    return sum(p.compute_slices for p in map(spec.mig_profile, layout) if p is not None)
+
+
 def valid_mig_layout(spec: GpuSpec, layout: Sequence[str]) -> bool:
     """Whether a GPU of ``spec`` can hold the instances ``layout`` at once (compute slices and
     the placement rules); False for an unknown profile or a model without MIG."""
@@ -221,7 +225,7 @@ def _valid_layout(spec: GpuSpec, layout: tuple[str, ...]) -> bool:
         placed = place_mig_layout(spec, layout)
     except MigLayoutError:
         return False
-    slices = sum(spec.mig_profile(n).compute_slices for n in layout)  # type: ignore[union-attr]
+    slices = _compute_slices(spec, layout)
     return placed is not None and slices <= spec.mig_total_slices
 
 
@@ -232,7 +236,7 @@ def check_mig_layout(spec: GpuSpec, layout: Sequence[str]) -> None:
             raise MigLayoutError(f"{spec.model} has no MIG")
         return
     placed = place_mig_layout(spec, layout)  # raises on an unknown profile
-    slices = sum(spec.mig_profile(n).compute_slices for n in layout)  # type: ignore[union-attr]
+    slices = _compute_slices(spec, layout)
     if slices > spec.mig_total_slices:
         raise MigLayoutError(
             f"{' + '.join(layout)} needs {slices} compute slices; a {spec.model} has "

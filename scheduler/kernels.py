@@ -424,9 +424,12 @@ def pair_model_vs_thesis(limits: SmLimits = TITAN_XP) -> list[tuple[str, str, fl
     return out
 
 
+KAPPA_GRID = tuple(k / 10 for k in range(0, 61))  # 0.0 .. 6.0
+LAMBDA_GRID = tuple(k / 2 for k in range(0, 41))  # 0.0 .. 20.0
+
+
 def fit_contention(
-    kappas: Sequence[float] = tuple(x / 10 for x in range(0, 61)),
-    lambdas: Sequence[float] = tuple(x / 2 for x in range(0, 41)),
+    kappas: Sequence[float] = KAPPA_GRID, lambdas: Sequence[float] = LAMBDA_GRID
 ) -> tuple[float, float, float]:
     """Grid search of (KAPPA, LAMBDA) minimising the squared log error over the pairs;
     returns (kappa, lambda, rms log error). Restores the module constants afterwards."""

@@ -62,7 +62,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from scheduler.classes import kernel_class
-from scheduler.domain import ClusterState, GpuSpec, JobSpec, Plan, SharingMode
+from scheduler.domain import ClusterState, GpuSpec, JobSpec, Plan, Profile, SharingMode
 from scheduler.kernels import (
     TITAN_XP,
     SmLimits,
@@ -102,10 +102,17 @@ def solo_s(job: JobSpec) -> float:
     return min(times) if times else math.inf
 
 
+def prof_of(job: JobSpec) -> Profile:
+    """The profile of a kernel job (kernels have one: ``CoRunGroupPolicy.kernel``)."""
+    if job.profile is None:
+        raise PolicyError(f"job {job.id} is not a profiled kernel")
+    return job.profile
+
+
 def saturation(job: JobSpec, limits: SmLimits) -> int:
     """Thread blocks per SM at the kernel's saturation point (profile, else the model's)."""
-    assert job.profile is not None
-    return job.profile.saturation_tbs_per_sm or kernel_knee(job.profile, limits)
+    profile = prof_of(job)
+    return profile.saturation_tbs_per_sm or kernel_knee(profile, limits)
 
 
 class CoRunGroupPolicy(FrameworkPolicy):
@@ -218,9 +225,9 @@ class CoRunGroupPolicy(FrameworkPolicy):
                 continue
             if allowed is not None and spec.model not in allowed:
                 continue
-            gpu = view.first_with_cores(pool, cpus)
-            if gpu is not None:
-                out.append(Candidate(gpu.node, (gpu,), mode, None, pool))
+            first = view.first_with_cores(pool, cpus)
+            if first is not None:
+                out.append(Candidate(first.node, (first,), mode, None, pool))
         if k is not None and self.params.get("join_running") and not out:
             out = self._join_running(job, view)
         out.sort(key=lambda c: c.order)
@@ -341,18 +348,18 @@ class KSchedulerPolicy(CoRunGroupPolicy):
         if any(g.owner != k.owner for g in group):
             return "another owner (MPS serves one user per GPU)"
         members = [*group, k]
-        prof = [m.profile for m in members]
+        prof = [prof_of(m) for m in members]
         sat = [saturation(m, lim) for m in members]
         # Rule 1: static resources per SM at each kernel's saturation point.
-        regs = sum((q.registers_per_block or 0) * s for q, s in zip(prof, sat, strict=True))  # type: ignore[union-attr]
-        smem = sum((q.smem_per_block_bytes or 0) * s for q, s in zip(prof, sat, strict=True))  # type: ignore[union-attr]
+        regs = sum((q.registers_per_block or 0) * s for q, s in zip(prof, sat, strict=True))
+        smem = sum((q.smem_per_block_bytes or 0) * s for q, s in zip(prof, sat, strict=True))
         if not (regs < lim.max_regs and smem < lim.max_smem_bytes and sum(sat) < lim.max_tbs):
             return "rule 1 (registers, shared memory or blocks per SM)"
         # Rule 2: system supply.
         if spec is not None:
-            bw = sum(dram_demand(q) for q in prof)  # type: ignore[arg-type]
+            bw = sum(dram_demand(q) for q in prof)
             max_gflops = p.get("max_gflops") or spec.peak_gflops
-            gflops = sum(q.gflops or 0.0 for q in prof)  # type: ignore[union-attr]
+            gflops = sum(q.gflops or 0.0 for q in prof)
             if not (bw < spec.dram_bw_gbps and gflops < float(max_gflops)):
                 return "rule 2 (DRAM bandwidth or GFLOPS)"
         cls = [kernel_class(m.profile) for m in group]
@@ -361,11 +368,11 @@ class KSchedulerPolicy(CoRunGroupPolicy):
         # Rule 3: l1 kernels.
         if kc == "l1" and "l1" in cls:
             return "rule 3 (two L1-intensive kernels)"
-        if kc != "l1" and "l1" in cls and (k.profile.l1_transactions or 0.0) >= l1_t:  # type: ignore[union-attr]
+        if kc != "l1" and "l1" in cls and (prof_of(k).l1_transactions or 0.0) >= l1_t:
             return "rule 3 (too many L1 transactions next to an L1-intensive kernel)"
         if kc == "l1":
             for m in group:
-                if (m.profile.l1_transactions or 0.0) >= l1_t:  # type: ignore[union-attr]
+                if (prof_of(m).l1_transactions or 0.0) >= l1_t:
                     return "rule 3 (an L1-heavy kernel already in the group)"
         # Rule 4: memory kernels.
         if kc == "memory" and "memory" in cls:
@@ -373,8 +380,10 @@ class KSchedulerPolicy(CoRunGroupPolicy):
         # Rule 5: EPC of compute kernels.
         if kc == "compute":
             base, top = float(p["base_epc"]), float(p["max_epc"])
-            epcs = [m.profile.epc or 0.0 for m, c in zip(group, cls, strict=True) if c == "compute"]  # type: ignore[union-attr]
-            epc = k.profile.epc or 0.0  # type: ignore[union-attr]
+            epcs = [
+                prof_of(m).epc or 0.0 for m, c in zip(group, cls, strict=True) if c == "compute"
+            ]
+            epc = prof_of(k).epc or 0.0
             if any(e > top for e in epcs) and epc > base:
                 return "rule 5 (high-EPC compute kernels together)"
             if any(e > base for e in epcs) and epc > top:
@@ -382,7 +391,7 @@ class KSchedulerPolicy(CoRunGroupPolicy):
         return None
 
     def group_shares(self, group: Sequence[JobSpec], spec: GpuSpec | None) -> list[int]:
-        return [share_for_saturation(j.profile, self.limits) for j in group]  # type: ignore[arg-type]
+        return [share_for_saturation(prof_of(j), self.limits) for j in group]
 
     def group_note(self, group: Sequence[JobSpec]) -> str:
         classes = "+".join(kernel_class(j.profile) or "?" for j in group)
@@ -425,17 +434,17 @@ class WarpedSlicerPolicy(EvenPartitionPolicy):
 
     def group_shares(self, group: Sequence[JobSpec], spec: GpuSpec | None) -> list[int]:
         lim = self.limits
-        profiles = [j.profile for j in group]
-        curves = [perf_table(p, lim) for p in profiles]  # type: ignore[arg-type]
+        profiles = [prof_of(j) for j in group]
+        curves = [perf_table(p, lim) for p in profiles]
         tbs = [1] * len(group)
 
         def fits(alloc: list[int]) -> bool:
             regs = sum(
                 a * (p.registers_per_block or 0) for a, p in zip(alloc, profiles, strict=True)
-            )  # type: ignore[union-attr]
+            )
             smem = sum(
                 a * (p.smem_per_block_bytes or 0) for a, p in zip(alloc, profiles, strict=True)
-            )  # type: ignore[union-attr]
+            )
             return regs <= lim.max_regs and smem <= lim.max_smem_bytes and sum(alloc) <= lim.max_tbs
 
         while True:
@@ -447,7 +456,7 @@ class WarpedSlicerPolicy(EvenPartitionPolicy):
                 trial[i] += 1
                 if not fits(trial):
                     continue
-                cost = footprint(profiles[i], 1, lim)  # type: ignore[arg-type]
+                cost = footprint(profiles[i], 1, lim)
                 g = (curve[tbs[i]] - curve[tbs[i] - 1]) / cost
                 if g > gain + 1e-12:
                     best, gain = i, g
@@ -455,7 +464,7 @@ class WarpedSlicerPolicy(EvenPartitionPolicy):
                 break
             tbs[best] += 1
         return [
-            max(1, min(100, math.ceil(100.0 * footprint(p, t, lim) - 1e-9)))  # type: ignore[arg-type]
+            max(1, min(100, math.ceil(100.0 * footprint(p, t, lim) - 1e-9)))
             for p, t in zip(profiles, tbs, strict=True)
         ]
 

@@ -441,8 +441,8 @@ class SharingPolicyBase(FrameworkPolicy):
         if prof is None:
             return None
         memo_key = (key, prof.name, cpus)
-        hit = self._mig_memo.get(memo_key, False)
-        if hit is not False:
+        if memo_key in self._mig_memo:
+            hit = self._mig_memo[memo_key]
             if hit is None:
                 return None
             gpu, creates = hit
@@ -565,10 +565,10 @@ class SharingPolicyBase(FrameworkPolicy):
         text = f"{why}: placed {where} {self.residents_text(chosen)}"
         text += f"; {scale}, {sens} sensitivity, {cls}"
         text += f"; expected {chosen.est_s:.0f} s there"
-        if chosen.creates:
+        if chosen.creates and chosen.mig_profile is not None:
             layout = " + ".join(chosen.mig_layout) if chosen.mig_layout else None
             text += (
-                f" (incl. creating the {chosen.mig_profile.name} instance"  # type: ignore[union-attr]
+                f" (incl. creating the {chosen.mig_profile.name} instance"
                 + (f", re-layout to {layout}" if layout else "")
                 + ")"
             )
@@ -649,10 +649,10 @@ class SharingRandomPolicy(SharingPolicyBase):
         gpu = self._usable.get(key) if key is not None else None
         out = []
         for g, pool, mode, prof, layout, creates, ranked in offers:
-            if gpu is None or gpu not in pool:
+            if gpu is None or key is None or gpu not in pool:
                 continue
             if mode == MIG and g is not gpu and prof is not None:
-                st = self._mig.get(key) or _MigState(())  # type: ignore[arg-type]
+                st = self._mig.get(key) or _MigState(())
                 if st.free(prof.name):
                     layout, creates = None, False
                 elif gpu.idle:

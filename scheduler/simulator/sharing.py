@@ -130,8 +130,9 @@ class SharingModel:
     ) -> list[float]:
         """Speed of each of ``jobs`` running together under MPS with these percentages."""
         pcts = [float(p) if p is not None and gpu.mps_thread_limit else 100.0 for p in percentages]
-        if all(is_kernel(j.profile) for j in jobs):
-            return corun_speeds([j.profile for j in jobs], [p / 100.0 for p in pcts])  # type: ignore[misc]
+        kernels = [j.profile for j in jobs if j.profile is not None and is_kernel(j.profile)]
+        if len(kernels) == len(jobs):
+            return corun_speeds(kernels, [p / 100.0 for p in pcts])
         total = sum(pcts)
         out = []
         for i, job in enumerate(jobs):
@@ -195,6 +196,8 @@ class MigBook:
         """Give ``job_id`` an instance of ``placement.mig_profile`` on GPU ``key``; raises
         MigLayoutError for an impossible request. Returns the re-layout delay (seconds)."""
         profile = placement.mig_profile
+        if profile is None:
+            raise MigLayoutError("a MIG placement needs an instance profile (mig_profile)")
         layout = self.layouts.setdefault(key, [])
         users = self.users.setdefault(key, {})
         in_use = [layout[i] for i in sorted(users)]
