@@ -319,11 +319,23 @@ def _learned(**params: Any) -> InterferenceModel:
     return LearnedInterference(**params)
 
 
+def _sharing_model(**params: Any) -> InterferenceModel:
+    """``sharing``: the per-mode speed model of ``scheduler.simulator.sharing`` (MIG instances
+    by sensitivity, MPS shares by thread percentage, time-slicing turns; docs/sharing.md)."""
+    from scheduler.simulator.sharing import SharingModel
+
+    try:
+        return SharingModel(**params)
+    except ValueError as exc:
+        raise InterferenceError(str(exc)) from exc
+
+
 INTERFERENCE_MODELS: dict[str, Callable[..., InterferenceModel]] = {
     "measured": MeasuredInterference,
     "class_based": ClassBasedInterference,
     "none": NoInterference,
     "learned": _learned,
+    "sharing": _sharing_model,
 }
 
 
