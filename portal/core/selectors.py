@@ -63,10 +63,10 @@ def jobs_visible_to(
     qs = Job.objects.select_related("owner", "profile").prefetch_related(
         Prefetch(
             "placements",
-            queryset=Placement.objects.filter(active=True)
-            .select_related("node")
-            .prefetch_related("gpus"),
-            to_attr="active_placements",
+            queryset=Placement.objects.select_related("node")
+            .prefetch_related("gpus")
+            .order_by("-active", "-id"),
+            to_attr="placements_newest_first",
         )
     )
     if not user.is_staff:
@@ -97,15 +97,15 @@ def job_for_user(user: Any, job_id: Any) -> Job:
 
 
 def job_placement(job: Job) -> Placement | None:
-    """The job's active placement, using the prefetch of ``jobs_visible_to`` when present."""
-    prefetched = getattr(job, "active_placements", None)
+    """The job's active placement, else its last one (a finished or requeued job: where it ran
+    last); None if it was never placed. Uses the prefetch of ``jobs_visible_to`` when present."""
+    prefetched = getattr(job, "placements_newest_first", None)
     if prefetched is not None:
         return prefetched[0] if prefetched else None
     return (
-        job.placements.filter(active=True)
-        .select_related("node")
+        job.placements.select_related("node")
         .prefetch_related("gpus")
-        .order_by("-id")
+        .order_by("-active", "-id")
         .first()
     )
 

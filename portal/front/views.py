@@ -109,7 +109,8 @@ def job_new(request: HttpRequest) -> HttpResponse:
             form.add_error(None, f"This form was already submitted as job #{exc.job.pk}.")
         else:
             if created:
-                messages.success(request, f"Job #{job.pk} submitted; it is {job.state}.")
+                note = f" Note: {job.waiting_reason}." if job.waiting_reason else ""
+                messages.success(request, f"Job #{job.pk} submitted; it is {job.state}.{note}")
             else:
                 messages.info(request, f"This form was already submitted as job #{job.pk}.")
             return redirect("job_detail", job_id=job.pk)

@@ -184,6 +184,11 @@
           badge.textContent = job.state;
           badge.className = "state state-" + job.state.toLowerCase();
         }
+        var waiting = el("job-waiting-reason");
+        if (waiting) {
+          waiting.hidden = job.state !== "PENDING";
+          if (job.waiting_reason) setText("job-waiting-text", job.waiting_reason);
+        }
       }),
       getJSON(d.urlJobSlowdown).then(function (b) {
         var slowdown = b.series.filter(function (s) { return s.metric === "slowdown"; });

@@ -173,7 +173,8 @@ def test_wait_exits_0_when_the_job_completes_and_logs_each_state_change():
     code, out, err = wait(client)
     assert code == cli.EXIT_OK
     assert out == "Job 7 COMPLETED (exit code 0)\n"
-    assert err == "job 7: PENDING\njob 7: RUNNING\njob 7: COMPLETED\n"  # no spinner off a TTY
+    # No spinner off a TTY: one line per change, with the time waited.
+    assert err == "job 7: PENDING after 0s\njob 7: RUNNING after 3s\njob 7: COMPLETED after 9s\n"
 
 
 def test_wait_exits_1_with_the_failure_reason():
@@ -248,7 +249,11 @@ def test_round_trip_submit_then_see_the_job_in_the_api_the_page_and_the_cli(
 
     listing = run_cli("jobs", url=server.url, token=server.key)
     assert listing.code == 0
-    assert re.search(rf"^{job_id}\s+PENDING\s+hpc\s+1\s+.*lammps-nightly$", listing.out, re.M)
+    assert re.search(
+        rf"^{job_id}\s+PENDING\s+hpc\s+1\s+.*lammps-nightly\s+no node is registered yet",
+        listing.out,
+        re.M,
+    )
     assert (
         "No jobs in state RUNNING."
         in run_cli("jobs", "--state", "running", url=server.url, token=server.key).out
@@ -322,7 +327,7 @@ def test_a_profile_may_be_named_in_the_job_file(server, tmp_path):
     assert Job.objects.get(pk=int(result.out)).profile == profile
     job_file.write_text("name: md\ncommand: lmp\nprofile: NoSuchApp\n")
     unknown = run_cli("submit", str(job_file), url=server.url, token=server.key)
-    assert unknown.code == 2 and "no approved profile has this name" in unknown.err
+    assert unknown.code == 2 and "profile: no profile is named 'NoSuchApp'" in unknown.err
 
 
 @pytest.mark.django_db(transaction=True)
