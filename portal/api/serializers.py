@@ -155,11 +155,12 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     )
     priority = _bounded_int("priority", required=False, help_text="higher runs first")
     command = serializers.CharField(
-        required=False,
+        required=True,
         allow_blank=True,
         trim_whitespace=False,
         help_text=(
-            f"run by /bin/sh -c on the node; at most {validation.COMMAND_MAX_BYTES:,} bytes "
+            "required; blank only with a container_image (its entry point runs). "
+            f"Run by /bin/sh -c on the node; at most {validation.COMMAND_MAX_BYTES:,} bytes "
             "(Linux's MAX_ARG_STRLEN)"
         ),
     )
@@ -308,7 +309,7 @@ class ProfileSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         help_text="derived classes (scheduler.classes): kernel class, C/M class, scale class"
     )
     approved_by = serializers.CharField(
-        source="approved_by.get_username", read_only=True, default=None
+        source="approved_by.get_username", read_only=True, default=None, allow_null=True
     )
 
     class Meta:

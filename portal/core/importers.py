@@ -250,7 +250,8 @@ def parse_memory_steps(raw: Any) -> list[tuple[float, float, float]]:
     result: list[tuple[float, float, float]] = []
     previous = -1.0
     for i, (start, from_mb, to_mb) in enumerate(steps, 1):
-        assert start is not None
+        if start is None:  # filled in above; never None here
+            raise ValueError(f"step {i}: no start fraction")
         if not 0 <= start <= 1:
             raise ValueError(f"step {i}: start fraction {start:g} is outside 0..1")
         if start <= previous:

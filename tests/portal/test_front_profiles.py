@@ -60,10 +60,8 @@ def test_staff_see_all_profiles_and_filter_by_status(client, staff, lammps):
     assert "Draft-app" in drafts and "LAMMPS" not in drafts
 
 
-@pytest.mark.skipif(
-    not admin.site.is_registered(ApplicationProfile), reason="profiles not in the admin yet"
-)
 def test_staff_get_a_link_to_curate_profiles_in_the_admin(client, staff, lammps):
+    assert admin.site.is_registered(ApplicationProfile), "staff curate profiles in the admin"
     client.force_login(staff)
     assert "/admin/core/applicationprofile/" in client.get("/profiles/").content.decode()
     detail = client.get(f"/profiles/{lammps.pk}/").content.decode()

@@ -52,7 +52,7 @@ def test_integers_past_what_the_database_stores_are_a_400(alice_api, field):
             "at k[1].deep",
         ),
         ('{"name": "x", "command": "   "}', "command", "give a command"),
-        ('{"name": "x"}', "command", "give a command"),
+        ('{"name": "x"}', "command", "This field is required."),
     ],
 )
 def test_bad_text_is_a_400_naming_the_field(alice_api, body, field, message):
@@ -177,7 +177,7 @@ def test_a_binary_upload_is_a_400(staff_api):
     assert "binary data" in response.json()["errors"][0]["message"]
 
 
-# -- throttles, lockout, passwords ------------------------------------------------------------------
+# -- throttles, lockout, passwords ---------------------------------------------------------
 
 
 def test_each_token_has_its_own_request_budget(alice, monkeypatch):
