@@ -610,3 +610,41 @@ def interference_heatmap(request: Request) -> Response:
         ),
     }
     return Response(HeatmapSerializer(body).data)
+
+
+# -- the queue ----------------------------------------------------------------------------------
+
+
+class QueueRowSerializer(serializers.Serializer):
+    position = serializers.IntegerField(help_text="1 = next in submission order")
+    id = serializers.IntegerField(allow_null=True, help_text="null: another user's job")
+    name = serializers.CharField(allow_null=True, help_text="null: another user's job")
+    owner = serializers.CharField(allow_null=True, help_text="shown to staff and to the owner")
+    mine = serializers.BooleanField()
+    gpus = serializers.IntegerField()
+    cpus = serializers.IntegerField()
+    priority = serializers.IntegerField()
+    submitted_at = serializers.DateTimeField()
+    waiting_reason = serializers.CharField(help_text="the policy's reason (empty: not yet seen)")
+
+
+class QueueSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="PENDING jobs in all")
+    results = QueueRowSerializer(many=True)
+
+
+@extend_schema(
+    summary="The queue: pending jobs with their waiting reasons",
+    description=(
+        "PENDING jobs in submission order with the reason the scheduler gave in its last cycle. "
+        "Other users' jobs show their resources and reason but not their name or owner "
+        "(staff see every job)."
+    ),
+    parameters=[OpenApiParameter("limit", int, description="at most this many rows (1..500)")],
+    responses={200: QueueSerializer},
+)
+@api_view(["GET"])
+def queue(request: Request) -> Response:
+    limit = _int_param(request, "limit", 50, 1, 500)
+    rows, total = selectors.queue_for(request.user, limit=limit)
+    return Response(QueueSerializer({"count": total, "results": rows}).data)

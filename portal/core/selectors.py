@@ -155,3 +155,31 @@ def nodes_with_gpus() -> QuerySet[Node]:
 
 def gpus_all() -> QuerySet[Gpu]:
     return Gpu.objects.select_related("node").order_by("node__name", "index")
+
+
+def queue_for(user: Any, *, limit: int = 50) -> tuple[list[dict[str, Any]], int]:
+    """The queue (PENDING jobs, oldest first, as the loop hands them to the policy) as ``user``
+    may see it: every job's position, resources, submission time and waiting reason; the name
+    and owner only of the user's own jobs (staff: of every job). Returns ``(rows, total)``."""
+    qs = Job.objects.filter(state=JobState.PENDING).select_related("owner").order_by(
+        "submitted_at", "id"
+    )
+    total = qs.count()
+    rows = []
+    for position, job in enumerate(qs[:limit], 1):
+        visible = bool(getattr(user, "is_staff", False)) or job.owner_id == user.pk
+        rows.append(
+            {
+                "position": position,
+                "id": job.pk if visible else None,
+                "name": job.name if visible else None,
+                "owner": job.owner.get_username() if visible else None,
+                "mine": job.owner_id == user.pk,
+                "gpus": job.gpus,
+                "cpus": job.cpus,
+                "priority": job.priority,
+                "submitted_at": job.submitted_at,
+                "waiting_reason": job.waiting_reason,
+            }
+        )
+    return rows, total

@@ -23,6 +23,15 @@ from portal.front.models import ApiToken
 from portal.front.services import token_create, token_revoke
 
 JOBS_PER_PAGE = 25
+QUEUE_ROWS = 50
+# The cluster page's plot time ranges: key -> (label, seconds).
+TIME_RANGES = {
+    "15m": ("15 min", 900),
+    "1h": ("1 hour", 3600),
+    "6h": ("6 hours", 6 * 3600),
+    "24h": ("24 hours", 24 * 3600),
+    "7d": ("7 days", 7 * 24 * 3600),
+}
 PROFILES_PER_PAGE = 25
 
 
@@ -217,10 +226,17 @@ def cluster(request: HttpRequest) -> HttpResponse:
         .values_list("state")
         .annotate(n=Count("id"))
     )
+    range_key = request.GET.get("range") if request.GET.get("range") in TIME_RANGES else "1h"
+    queue, queue_total = selectors.queue_for(request.user, limit=QUEUE_ROWS)
     return render(
         request,
         "front/cluster.html",
         {
+            "queue": queue,
+            "queue_total": queue_total,
+            "ranges": [(key, label) for key, (label, _s) in TIME_RANGES.items()],
+            "range_key": range_key,
+            "window_s": TIME_RANGES[range_key][1],
             "nodes": nodes,
             "gpu_count": sum(len(node.gpus.all()) for node in nodes),
             "backends": sorted(
