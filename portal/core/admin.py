@@ -409,9 +409,8 @@ class PolicySettingsForm(forms.ModelForm):
 
     policy = forms.ChoiceField(
         help_text=(
-            "A registered policy (docs site: Policies). The parameters below are those of the "
-            "policy selected when the page loaded: after choosing another policy, use "
-            "“Save and continue editing” to see and set its own."
+            "A registered policy (docs site: Policies). Choosing another one reloads the form "
+            "with that policy's own parameters."
         )
     )
 
@@ -422,10 +421,12 @@ class PolicySettingsForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["policy"].choices = [(p, p) for p in available_policies()]
-        chosen = (
-            self.data.get("policy") if self.is_bound else (self.instance.policy or "fifo")
-        ) or "fifo"
-        self.initial.setdefault("policy", self.instance.policy or "fifo")
+        requested = getattr(self, "requested_policy", None)  # ?policy= (the select's reload)
+        if self.is_bound:
+            chosen = self.data.get("policy") or "fifo"
+        else:
+            chosen = requested or self.instance.policy or "fifo"
+            self.initial["policy"] = chosen
         try:
             self.specs = policy_settings.policy_parameters(chosen)
         except Exception:  # an unknown policy: the choice field reports it
@@ -500,7 +501,7 @@ class PolicySettingsAdmin(admin.ModelAdmin):
         if request.method == "POST":
             policy = request.POST.get("policy") or "fifo"
         else:
-            policy = obj.policy if obj is not None else "fifo"
+            policy = request.GET.get("policy") or (obj.policy if obj is not None else "fifo")
         try:
             specs = policy_settings.policy_parameters(policy)
         except Exception:  # an unknown policy: no parameter fields, the choice reports it
@@ -516,7 +517,9 @@ class PolicySettingsAdmin(admin.ModelAdmin):
 
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any):
         kwargs["fields"] = None  # the parameter fields are built per policy by the form
-        return super().get_form(request, obj, change=change, **kwargs)
+        form = super().get_form(request, obj, change=change, **kwargs)
+        form.requested_policy = request.GET.get("policy")
+        return form
 
     @admin.display(description="parameters")
     def parameters(self, obj: PolicySettings) -> str:

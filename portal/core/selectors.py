@@ -161,8 +161,10 @@ def queue_for(user: Any, *, limit: int = 50) -> tuple[list[dict[str, Any]], int]
     """The queue (PENDING jobs, oldest first, as the loop hands them to the policy) as ``user``
     may see it: every job's position, resources, submission time and waiting reason; the name
     and owner only of the user's own jobs (staff: of every job). Returns ``(rows, total)``."""
-    qs = Job.objects.filter(state=JobState.PENDING).select_related("owner").order_by(
-        "submitted_at", "id"
+    qs = (
+        Job.objects.filter(state=JobState.PENDING)
+        .select_related("owner")
+        .order_by("submitted_at", "id")
     )
     total = qs.count()
     rows = []

@@ -155,6 +155,15 @@
     });
   }
 
+  // "4 minutes", like the server's timesince, for the queue's waiting column.
+  function waited(iso) {
+    var s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+    if (s < 60) return Math.round(s) + " seconds";
+    if (s < 3600) return Math.round(s / 60) + " minutes";
+    if (s < 86400) return (s / 3600).toFixed(1) + " hours";
+    return (s / 86400).toFixed(1) + " days";
+  }
+
   function updateQueue(body) {
     setText("queue-count", body.count + " pending");
     var rows = el("queue-rows");
@@ -166,7 +175,7 @@
       return "<tr" + (r.mine ? ' class="mine"' : "") + '><td class="num">' + r.position + "</td><td>" + job + "</td>" +
         (staff ? "<td>" + escapeHtml(r.owner || "") + "</td>" : "") +
         '<td class="num">' + r.gpus + '</td><td class="num">' + r.cpus + '</td><td class="num">' + r.priority + "</td>" +
-        "<td>" + escapeHtml(new Date(r.submitted_at).toLocaleTimeString()) + "</td>" +
+        '<td><time datetime="' + escapeHtml(r.submitted_at) + '">' + waited(r.submitted_at) + "</time></td>" +
         '<td class="waiting-reason">' + escapeHtml(r.waiting_reason || "not looked at by the scheduler yet") + "</td></tr>";
     }).join("");
     el("queue-table").hidden = body.results.length === 0;
