@@ -14,6 +14,8 @@ from portal.env import envbool, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("COSCHED_DATA_DIR", str(BASE_DIR / "var")))
+# The built documentation site (`make docs`), served at /docs/.
+DOCS_SITE_DIR = Path(envstr("COSCHED_DOCS_DIR", str(BASE_DIR / "var" / "docs-site")))
 
 DEBUG = envbool("DEBUG", default=not envstr("SECRET_KEY"))
 SECRET_KEY = envstr("SECRET_KEY") or "cosched-embedded-development-key-not-for-production-use"

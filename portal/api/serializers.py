@@ -298,7 +298,7 @@ class GpuTimesField(serializers.DictField):
 
 
 class ProfileSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
-    """An application profile (ALGORITHMS.md §1-§4), in the same schema as the JSON import
+    """An application profile (docs: Application profiles), in the same schema as the JSON import
     (docs/profiles.md). ``gpu_time_s`` maps a GPU catalogue model to solo run seconds."""
 
     gpu_time_s = GpuTimesField(

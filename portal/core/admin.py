@@ -113,11 +113,11 @@ class ApplicationProfileAdmin(admin.ModelAdmin):
         ),
         ("Input parameters", {"fields": ["batch_size", "image_size", "dataset", "args"]}),
         (
-            "Run time and memory (§1)",
+            "Run time and memory",
             {"fields": ["cpu_time_s", "gpu_memory_max_mb", "gpu_memory_avg_mb"]},
         ),
         (
-            "Utilisation (§2)",
+            "Utilisation",
             {
                 "fields": [
                     "gpu_util_pct",
@@ -136,7 +136,7 @@ class ApplicationProfileAdmin(admin.ModelAdmin):
             },
         ),
         (
-            "Kernels and stall reasons (§3)",
+            "Kernels and stall reasons",
             {
                 "fields": [
                     "stall_exec_dependency_pct",
@@ -153,7 +153,7 @@ class ApplicationProfileAdmin(admin.ModelAdmin):
                 ]
             },
         ),
-        ("Job descriptors (§4)", {"fields": ["cm_ratio", "sensitivity"]}),
+        ("Job descriptors", {"fields": ["cm_ratio", "sensitivity"]}),
         (
             "History",
             {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -291,3 +293,22 @@ def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
     token_revoke(token)
     messages.success(request, f'Token "{token.name}" revoked; it no longer works.')
     return redirect("account")
+
+
+# -- the documentation site -------------------------------------------------------------------
+
+
+def docs(request: HttpRequest, path: str = "") -> HttpResponse:
+    """The built docs site (``make docs``) at /docs/; a page saying how to build it if it is
+    missing. Public, like any manual."""
+    from django.conf import settings
+    from django.views.static import serve
+
+    root = Path(settings.DOCS_SITE_DIR)
+    if not (root / "index.html").is_file():
+        return render(request, "front/docs_missing.html", {"docs_dir": root}, status=503)
+    if path == "" or path.endswith("/"):
+        path += "index.html"
+    elif (root / path).is_dir():
+        return redirect(request.path + "/")
+    return serve(request, path, document_root=str(root))
