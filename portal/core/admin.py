@@ -493,7 +493,7 @@ class PolicySettingsForm(forms.ModelForm):
 @admin.register(PolicySettings)
 class PolicySettingsAdmin(admin.ModelAdmin):
     form = PolicySettingsForm
-    list_display = ["name", "policy", "active", "parameters", "check", "updated_at"]
+    list_display = ["name", "policy", "active", "parameters", "validity", "updated_at"]
     list_filter = ["active"]
     change_form_template = "admin/core/policysettings/change_form.html"
 
@@ -526,7 +526,7 @@ class PolicySettingsAdmin(admin.ModelAdmin):
         return json.dumps(obj.params or {}, sort_keys=True) if obj.params else "defaults"
 
     @admin.display(description="check")
-    def check(self, obj: PolicySettings) -> str:
+    def validity(self, obj: PolicySettings) -> str:
         errors = policy_settings.validate_policy_settings(obj.policy, obj.params, trial=False)
         return "ok" if not errors else "; ".join(f"{k}: {v}" for k, v in errors.items())
 
