@@ -16,7 +16,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.core import selectors
-from portal.core.models import Job, Node
+from portal.core.models import Job, Node, PolicySettings
+from portal.core.policy_settings import validate_policy_settings
 from portal.core.services import IdempotencyConflict, job_cancel, job_submit
 from portal.core.states import IllegalTransition, JobState
 from portal.front import profile_metrics
@@ -229,6 +230,10 @@ def cluster(request: HttpRequest) -> HttpResponse:
         .annotate(n=Count("id"))
     )
     range_key = request.GET.get("range") if request.GET.get("range") in TIME_RANGES else "1h"
+    active = PolicySettings.objects.filter(active=True).first()
+    policy_errors = (
+        validate_policy_settings(active.policy, active.params, trial=False) if active else {}
+    )
     queue, queue_total = selectors.queue_for(request.user, limit=QUEUE_ROWS)
     return render(
         request,
@@ -236,6 +241,8 @@ def cluster(request: HttpRequest) -> HttpResponse:
         {
             "queue": queue,
             "queue_total": queue_total,
+            "active_policy": active,
+            "policy_errors": policy_errors,
             "ranges": [(key, label) for key, (label, _s) in TIME_RANGES.items()],
             "range_key": range_key,
             "window_s": TIME_RANGES[range_key][1],

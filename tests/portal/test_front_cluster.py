@@ -172,3 +172,26 @@ def test_the_plots_have_a_time_range(client, alice):
     assert 'data-window-s="21600"' in html
     assert '<option value="6h" selected>6 hours</option>' in html
     assert 'data-window-s="3600"' in client.get("/cluster/?range=bogus").content.decode()
+
+
+def test_an_invalid_active_policy_is_shown_with_its_error(client, alice, staff):
+    from portal.core.models import PolicySettings
+
+    PolicySettings.objects.create(name="bad", policy="binpack", params={"max_jobs_per_gpu": "lots"})
+    client.force_login(alice)
+    html = client.get("/cluster/").content.decode()
+    assert "The active policy configuration “bad” is invalid" in html
+    assert "must be a whole number" not in html  # details for staff
+    client.force_login(staff)
+    html = client.get("/cluster/").content.decode()
+    assert "<code>max_jobs_per_gpu</code>: must be a whole number, got &#x27;lots&#x27;" in html
+
+
+def test_a_valid_policy_is_named_without_alarm(client, alice):
+    from portal.core.models import PolicySettings
+
+    PolicySettings.objects.create(name="main", policy="placement_rate+exec_plan", params={})
+    client.force_login(alice)
+    html = client.get("/cluster/").content.decode()
+    assert "Policy in force:" in html and "<code>placement_rate+exec_plan</code>" in html
+    assert 'id="policy-error"' not in html
