@@ -310,14 +310,15 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
         rows.append(("failure", job["failure_reason"]))
     placement = job.get("placement")
     if placement:
-        gpus = ",".join(str(g) for g in placement.get("gpus") or []) or "cpu"
+        indices = ",".join(str(g) for g in placement.get("gpus") or [])
         mode = placement.get("sharing_mode", "")
         if placement.get("mps_percentage"):
             mode += f" {placement['mps_percentage']}%"
         if placement.get("mig_profile"):
             mode += f" {placement['mig_profile']}"
         label = "placement" if placement.get("active", True) else "ran on"
-        rows.append((label, f"{placement.get('node')} gpu {gpus} ({mode.strip()})"))
+        where = f"gpu {indices} ({mode.strip()})" if indices else "(CPU)"
+        rows.append((label, f"{placement.get('node')} {where}"))
         rows.append(("policy", placement.get("policy")))
         if placement.get("explanation"):
             rows.append(("why", placement["explanation"]))

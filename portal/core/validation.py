@@ -25,8 +25,6 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from django.db.models import Prefetch
-
 from scheduler.admission import Admission, admit, capacity_of
 
 #: PostgreSQL ``integer`` (Django's IntegerField and PositiveIntegerField).
@@ -171,18 +169,41 @@ def job_input_errors(data: Mapping[str, Any]) -> dict[str, list[str]]:
 
 
 def registered_nodes() -> list[Any]:
-    """Every registered node as a ``NodeState`` (up or down: admission counts the cluster as
-    registered, whatever is busy or down now)."""
-    from portal.core.adapters import node_to_domain
-    from portal.core.models import Node, Placement
+    """Every registered node as an idle ``NodeState`` (up or down alike: admission counts the
+    cluster as registered, whatever is busy or down now). Two queries of plain values, and no
+    placement is read: what runs where does not matter here."""
+    from types import SimpleNamespace
 
-    active = Placement.objects.filter(active=True).select_related("job")
-    nodes = Node.objects.prefetch_related(
-        Prefetch("placements", queryset=active),
-        Prefetch("gpus__placements", queryset=active),
-        "gpus__node",
-    )
-    return [node_to_domain(node) for node in nodes]
+    from portal.core.adapters import gpu_spec_of
+    from portal.core.models import Gpu, Node
+    from scheduler.domain import GpuState, NodeKind, NodeState
+
+    fields = ("model", "architecture", "memory_mb", "sm_count", "sharing_modes", "mig_profiles")
+    specs: dict[str, Any] = {}  # equal rows share one spec (a cluster has few GPU kinds)
+    by_node: dict[int, list[Any]] = {}
+    for node_id, index, *values in Gpu.objects.order_by("node_id", "index").values_list(
+        "node_id", "index", *fields
+    ):
+        key = json.dumps(values, sort_keys=True, default=str)
+        if key not in specs:
+            specs[key] = gpu_spec_of(SimpleNamespace(**dict(zip(fields, values, strict=True))))
+        by_node.setdefault(node_id, []).append((index, specs[key]))
+    out = []
+    for pk, name, kind, cores, memory_mb in Node.objects.values_list(
+        "pk", "name", "kind", "cores", "memory_mb"
+    ):
+        gpus = tuple(GpuState(node=name, index=i, spec=spec) for i, spec in by_node.get(pk, []))
+        out.append(
+            NodeState(
+                name=name,
+                kind=NodeKind(kind),
+                cores=cores,
+                free_cores=cores,
+                memory_mb=float(memory_mb),
+                gpus=gpus,
+            )
+        )
+    return out
 
 
 def admission_of(data: Mapping[str, Any], nodes: Iterable[Any] | None = None) -> Admission:

@@ -114,3 +114,16 @@ def test_the_list_flags_a_configuration_saved_before_validation(client, staff):
     client.force_login(staff)
     html = client.get("/admin/core/policysettings/").content.decode()
     assert "policy: unknown policy &#x27;banana&#x27;" in html
+
+
+def test_a_policy_that_fails_on_the_current_queue_is_refused(monkeypatch):
+    from scheduler.policies.fifo import FifoPolicy
+
+    def boom(self, state, rng):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(FifoPolicy, "schedule", boom)
+    assert validate_policy_settings("fifo", {}) == {
+        "params": "the policy fails on the current queue: RuntimeError: boom"
+    }
+    assert validate_policy_settings("fifo", {}, trial=False) == {}
