@@ -172,6 +172,16 @@ SPECTACULAR_SETTINGS = {
 
 # Celery: without REDIS_URL, tasks run in-process (embedded default).
 REDIS_URL = envstr("REDIS_URL")
+# The cache holds the API's rate-limit counters: in Redis when there is one, so every web
+# worker counts together; in process memory for the embedded default.
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "cosched-cache",
+        }
+    }
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL

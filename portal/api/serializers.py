@@ -266,9 +266,23 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
 
 class JobDetailSerializer(JobSerializer):
     events = serializers.SerializerMethodField(help_text="the job's timeline, oldest first")
+    placements = serializers.SerializerMethodField(
+        help_text="every placement (attempt) of the job, newest first; the active one first"
+    )
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "events"]
+        fields = [*JobSerializer.Meta.fields, "placements", "events"]
+
+    @extend_schema_field(PlacementSerializer(many=True))
+    def get_placements(self, job: Job) -> list[dict[str, Any]]:
+        rows = getattr(job, "placements_newest_first", None)
+        if rows is None:
+            rows = (
+                job.placements.select_related("node")
+                .prefetch_related("gpus")
+                .order_by("-active", "-id")
+            )
+        return PlacementSerializer(rows, many=True).data
 
     @extend_schema_field(JobEventSerializer(many=True))
     def get_events(self, job: Job) -> list[dict[str, Any]]:

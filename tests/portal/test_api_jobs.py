@@ -298,6 +298,9 @@ def test_a_finished_job_shows_where_it_ran_last(alice_api, alice):
         assert body["placement"]["released_at"] is not None
         assert body["placement"]["gpus"] == [0]
         assert body["waiting_reason"] is None
+    detail = alice_api.get(f"{URL}{job.pk}/").json()
+    assert [p["explanation"] for p in detail["placements"]] == ["second", "first"]
+    assert not any(p["active"] for p in detail["placements"])
 
 
 def test_cancel_a_pending_job(alice_api, alice):
