@@ -144,8 +144,8 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_THROTTLE_RATES": {
         "anon": envstr("COSCHED_THROTTLE_ANON", "60/min"),
-        "user": envstr("COSCHED_THROTTLE_USER", "1200/min"),
-        "token": envstr("COSCHED_THROTTLE_TOKEN", "600/min"),
+        "user": envstr("COSCHED_THROTTLE_USER", "2400/min"),
+        "token": envstr("COSCHED_THROTTLE_TOKEN", "1200/min"),
     },
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
