@@ -1,7 +1,11 @@
 """URL map: the browser pages (portal.front), the REST API (portal.api, portal.ml), the admin."""
 
+from typing import Any
+
 from django.contrib import admin
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
+from django.views import defaults
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -9,3 +13,16 @@ urlpatterns = [
     path("api/", include("portal.api.urls")),
     path("", include("portal.front.urls")),
 ]
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    """A JSON 404 under /api/ (a client of the API never gets an HTML page), else the page."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": f"no API endpoint at {request.path}"}, status=404)
+    return defaults.page_not_found(request, exception)
+
+
+def handler500(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    if request.path.startswith("/api/"):
+        return JsonResponse({"detail": "the server failed; the error is logged"}, status=500)
+    return defaults.server_error(request)
