@@ -24,6 +24,7 @@ from typing import Any
 from scheduler.catalog import CATALOG, UnknownGpuModel, canonical_model
 from scheduler.domain import GpuSpec, GpuState, MigProfile, NodeKind, NodeState, SharingMode
 from scheduler.inputs import (
+    FieldLoc,
     InputError,
     line_of,
     load_yaml,
@@ -69,7 +70,7 @@ class ClusterSpec:
         """Idle ``NodeState`` snapshots of every node, in file order."""
         out = []
         for n in self.nodes:
-            gpus = ()
+            gpus: tuple[GpuState, ...] = ()
             if n.gpu_model is not None:
                 spec = self.gpu_models[n.gpu_model]
                 gpus = tuple(GpuState(node=n.name, index=i, spec=spec) for i in range(n.gpu_count))
@@ -141,7 +142,7 @@ def _parse_group(
     gline: int | None,
     seen: set[str],
 ) -> list[NodeSpec]:
-    def where(key: str) -> dict[str, Any]:
+    def where(key: str) -> FieldLoc:
         return {"file": source, "line": line_of(group, key) or gline, "field": f"nodes[{i}].{key}"}
 
     unknown = set(group) - _GROUP_FIELDS
@@ -212,7 +213,7 @@ def _parse_gpu_models(section: Any, source: str | Path, sline: int | None) -> di
         base = models.get(name)
         values: dict[str, Any] = {}
         for key, value in fields.items():
-            loc = {
+            loc: FieldLoc = {
                 "file": source,
                 "line": line_of(fields, key) or mline,
                 "field": f"gpu_models.{raw_name}.{key}",
@@ -238,7 +239,7 @@ def _parse_gpu_models(section: Any, source: str | Path, sline: int | None) -> di
     return models
 
 
-def _gpu_field(key: str, value: Any, loc: dict[str, Any]) -> Any:
+def _gpu_field(key: str, value: Any, loc: FieldLoc) -> Any:
     if key == "architecture":
         return str(value)
     if key in ("memory_mb", "sm_count", "mig_total_slices"):

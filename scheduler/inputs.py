@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict, overload
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints (types-PyYAML not installed)
 
 
 class InputError(ValueError):
@@ -38,6 +38,21 @@ class InputError(ValueError):
             where += f":{self.line}"
         what = f"field {self.field!r}: " if self.field else ""
         return f"{where}: {what}{self.message}"
+
+
+class Loc(TypedDict):
+    """Where a value came from, for ``**loc`` in ``InputError`` / ``to_float`` calls."""
+
+    file: str | Path
+    line: int | None
+
+
+class FieldLoc(TypedDict):
+    """``Loc`` plus the field name."""
+
+    file: str | Path
+    line: int | None
+    field: str
 
 
 class MarkedDict(dict):
@@ -120,6 +135,30 @@ def require_mapping(value: Any, *, file: str | Path, line: int | None, field: st
     return value
 
 
+@overload
+def to_float(
+    value: Any,
+    *,
+    file: str | Path,
+    line: int | None,
+    field: str,
+    minimum: float | None = None,
+    allow_none: Literal[False] = False,
+) -> float: ...
+
+
+@overload
+def to_float(
+    value: Any,
+    *,
+    file: str | Path,
+    line: int | None,
+    field: str,
+    minimum: float | None = None,
+    allow_none: bool,
+) -> float | None: ...
+
+
 def to_float(
     value: Any,
     *,
@@ -163,7 +202,6 @@ def to_int(
 ) -> int:
     """``value`` as an int (``"4"`` and ``4.0`` accepted, ``4.5`` not), else InputError."""
     number = to_float(value, file=file, line=line, field=field)
-    assert number is not None
     if number != int(number):
         raise InputError(
             f"expected a whole number, got {value!r}", file=file, line=line, field=field

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 
 COMPLETED = "completed"
 

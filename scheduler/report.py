@@ -12,8 +12,8 @@ import html
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-import plotly.graph_objects as go
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
+import plotly.graph_objects as go  # type: ignore[import-untyped]  # plotly ships no type hints
 
 MAX_POINTS = 4000  # per line; longer series are thinned (plots only, metrics use all points)
 

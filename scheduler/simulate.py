@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 
 from scheduler.inputs import InputError
 from scheduler.simulator.results import OomAction, SimConfig, SimResult, SimulationError
@@ -221,7 +221,7 @@ def run_policies(
 def _progress_bar(total: int, *, enabled: bool) -> tuple[Any, Callable[[int], None]]:
     if not enabled or not sys.stderr.isatty():
         return None, lambda n: None
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]  # no types-tqdm installed
 
     bar = tqdm(total=total, unit="job", file=sys.stderr, leave=False)
     return bar, bar.update

@@ -26,11 +26,20 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from scheduler.catalog import CATALOG, UnknownGpuModel, canonical_model
 from scheduler.domain import JobKind, JobSpec, MemoryStep, Profile, StallReasons
-from scheduler.inputs import InputError, line_of, load_yaml, require_mapping, to_float, to_int
+from scheduler.inputs import (
+    FieldLoc,
+    InputError,
+    Loc,
+    line_of,
+    load_yaml,
+    require_mapping,
+    to_float,
+    to_int,
+)
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 GAVEL_SOLO_CSV = DATA_DIR / "gavel" / "solo_throughput.csv"
@@ -135,7 +144,7 @@ def read_gavel_trace(
     jobs: list[JobSpec] = []
     seen: set[str] = set()
     for line, row in _csv_rows(path, GAVEL_COLUMNS):
-        loc = {"file": path, "line": line}
+        loc: Loc = {"file": path, "line": line}
         job_id = row["job_id"]
         if not job_id:
             raise InputError("missing value", field="job_id", **loc)
@@ -253,7 +262,11 @@ def parse_profiles(data: Any, *, source: str | Path = "<profiles>") -> dict[str,
 def _parse_profile(item: Mapping, i: int, source: str | Path, iline: int | None) -> Profile:
     values: dict[str, Any] = {}
     for key, value in item.items():
-        loc = {"file": source, "line": line_of(item, key) or iline, "field": f"profiles[{i}].{key}"}
+        loc: FieldLoc = {
+            "file": source,
+            "line": line_of(item, key) or iline,
+            "field": f"profiles[{i}].{key}",
+        }
         fld = _PROFILE_FIELDS.get(key)
         if fld is None:
             raise InputError("unknown profile field", **loc)
@@ -267,7 +280,7 @@ def _parse_profile(item: Mapping, i: int, source: str | Path, iline: int | None)
     return Profile(**values)
 
 
-def _profile_value(key: str, type_text: str, value: Any, loc: dict[str, Any]) -> Any:
+def _profile_value(key: str, type_text: str, value: Any, loc: FieldLoc) -> Any:
     if key == "name":
         return str(value)
     if key == "kind":
@@ -328,7 +341,7 @@ def read_profile_trace(
     jobs: list[JobSpec] = []
     seen: set[str] = set()
     for line, row in _csv_rows(path, PROFILE_TRACE_COLUMNS):
-        loc = {"file": path, "line": line}
+        loc: Loc = {"file": path, "line": line}
         job_id = row["job_id"]
         if not job_id:
             raise InputError("missing value", field="job_id", **loc)
@@ -434,7 +447,7 @@ def read_alibaba_pods(path: str | Path, *, limit: int | None = None) -> list[Job
     """
     jobs: list[JobSpec] = []
     for line, row in _csv_rows(path, ALIBABA_COLUMNS):
-        loc = {"file": path, "line": line}
+        loc: Loc = {"file": path, "line": line}
         created = to_float(row["creation_time"], field="creation_time", minimum=0, **loc)
         deleted = to_float(row["deletion_time"], field="deletion_time", **loc)
         assert created is not None and deleted is not None

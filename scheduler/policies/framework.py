@@ -884,7 +884,7 @@ class FrameworkPolicy(Policy):
         if idle == 0:
             text = f"no idle GPU{only} (all {view.gpu_count} busy or down)"
         if self.colocate:
-            most = max(
+            most_free = max(
                 (
                     view.specs[key[0]].memory_mb - key[3]
                     for key in view.shared_pools
@@ -894,10 +894,10 @@ class FrameworkPolicy(Policy):
                 ),
                 default=None,
             )
-            if most is None:
+            if most_free is None:
                 text += "; no shared GPU below its job limit"
             else:
-                text += f"; most free on a shared GPU below its job limit: {gb(most)} GB"
+                text += f"; most free on a shared GPU below its job limit: {gb(most_free)} GB"
             rejected = view.co_run_rejected if job.gpus == 1 else []
             if rejected:
                 gpus = sum(n for n, _ in rejected)

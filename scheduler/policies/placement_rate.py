@@ -333,15 +333,15 @@ class PlacementRatePolicy(UsedMemoryGuard):
         fixed_cpu: list[float] = []
         flexible: list[JobSpec] = []
         for job in cycle.order:
-            t = cycle.times[job.id]
-            if t.can_gpu and t.can_cpu:
+            jt = cycle.times[job.id]
+            if jt.can_gpu and jt.can_cpu:
                 flexible.append(job)
-            elif t.can_gpu:
+            elif jt.can_gpu:
                 cycle.side[job.id] = "gpu"
-                fixed_gpu.append((t.gpu_s or 0.0) * slow)
-            elif t.can_cpu:
+                fixed_gpu.append((jt.gpu_s or 0.0) * slow)
+            elif jt.can_cpu:
                 cycle.side[job.id] = "cpu"
-                fixed_cpu.append(t.cpu_s or 0.0)
+                fixed_cpu.append(jt.cpu_s or 0.0)
             else:
                 cycle.side[job.id] = None
         k = self._choose_split(flexible, cycle, gpu_slots, cpu_slots, fixed_gpu, fixed_cpu)
@@ -366,8 +366,9 @@ class PlacementRatePolicy(UsedMemoryGuard):
             cycle.cpu_finish_s = _list_schedule(cpu_slots, everything)[0]
             return 0
         slow = self.share_slowdown()
-        g_dur = [cycle.times[j.id].gpu_s * slow for j in flexible]  # type: ignore[operator]
-        c_dur = [cycle.times[j.id].cpu_s for j in flexible]
+        # Flexible jobs can run on both sides, so both of their times are known.
+        g_dur = [(cycle.times[j.id].gpu_s or 0.0) * slow for j in flexible]
+        c_dur = [cycle.times[j.id].cpu_s or 0.0 for j in flexible]
         if not cpu_slots:
             cycle.gpu_finish_s = _list_schedule(gpu_slots, fixed_gpu + g_dur)[0]
             return f
@@ -385,14 +386,14 @@ class PlacementRatePolicy(UsedMemoryGuard):
         suffix_work = [0.0] * (f + 1)
         suffix_long = [0.0] * (f + 1)
         for i in range(f - 1, -1, -1):
-            suffix_work[i] = suffix_work[i + 1] + c_dur[i]  # type: ignore[operator]
-            suffix_long[i] = max(suffix_long[i + 1], c_dur[i])  # type: ignore[type-var]
+            suffix_work[i] = suffix_work[i + 1] + c_dur[i]
+            suffix_long[i] = max(suffix_long[i + 1], c_dur[i])
         busy = sum(cpu_heap)
         best: tuple[float, float, int] | None = None
         best_k, best_cpu = f, 0.0
         for k in range(f + 1):
             if exact:
-                cpu_finish, _, cpu_done = _list_schedule(cpu_heap, c_dur[k:])  # type: ignore
+                cpu_finish, _, cpu_done = _list_schedule(cpu_heap, c_dur[k:])
                 cpu_finish = max(cpu_finish, base_cpu)
             else:  # bounds: no list schedule per split
                 cpu_finish = max(base_cpu, suffix_long[k], (busy + suffix_work[k]) / len(cpu_slots))

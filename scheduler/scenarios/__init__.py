@@ -29,7 +29,15 @@ from typing import Any
 
 from scheduler.cluster_spec import ClusterSpec, load_cluster_spec, parse_cluster_spec
 from scheduler.domain import JobSpec
-from scheduler.inputs import InputError, line_of, load_yaml, require_mapping, to_float, to_int
+from scheduler.inputs import (
+    FieldLoc,
+    InputError,
+    line_of,
+    load_yaml,
+    require_mapping,
+    to_float,
+    to_int,
+)
 from scheduler.simulator.results import OomAction, SimConfig
 from scheduler.traces import load_profiles, read_trace
 
@@ -159,7 +167,7 @@ def _trace_jobs(section: Any, base: Path, path: Path, sline: int | None) -> list
 def _workload_jobs(section: Any, base: Path, path: Path, sline: int | None) -> list[JobSpec]:
     section = require_mapping(section, file=path, line=sline, field="workload")
 
-    def loc(key: str) -> dict[str, Any]:
+    def loc(key: str) -> FieldLoc:
         return {"file": path, "line": line_of(section, key) or sline, "field": f"workload.{key}"}
 
     if "profiles" not in section:
@@ -179,7 +187,7 @@ def _workload_jobs(section: Any, base: Path, path: Path, sline: int | None) -> l
     for i, g in enumerate(groups):
         gline = line_of(groups, i)
         g = require_mapping(g, file=path, line=gline, field=f"workload.jobs[{i}]")
-        gloc = {"file": path, "line": gline, "field": f"workload.jobs[{i}]"}
+        gloc: FieldLoc = {"file": path, "line": gline, "field": f"workload.jobs[{i}]"}
         name = g.get("profile")
         if name not in profiles:
             raise InputError(
@@ -221,7 +229,11 @@ def _sim_config(section: Any, path: Path, sline: int | None) -> SimConfig:
     section = require_mapping(section, file=path, line=sline, field="simulation")
     values: dict[str, Any] = {}
     for key, value in section.items():
-        loc = {"file": path, "line": line_of(section, key) or sline, "field": f"simulation.{key}"}
+        loc: FieldLoc = {
+            "file": path,
+            "line": line_of(section, key) or sline,
+            "field": f"simulation.{key}",
+        }
         fld = _SIM_FIELDS.get(key)
         if fld is None:
             raise InputError(f"unknown setting; known: {', '.join(sorted(_SIM_FIELDS))}", **loc)

@@ -37,6 +37,7 @@ from itertools import count
 
 from scheduler.cluster_spec import ClusterSpec
 from scheduler.domain import (
+    Action,
     ActionKind,
     ClusterState,
     GpuSpec,
@@ -49,6 +50,7 @@ from scheduler.domain import (
     RunningJob,
     SharingMode,
 )
+from scheduler.interference import InterferenceModel
 from scheduler.policies.base import Policy
 from scheduler.simulator.results import (
     EndReason,
@@ -166,6 +168,11 @@ class _Job:
         i = bisect.bisect_right(self.bounds, p + 1e-12)
         return self.bounds[i] if i < len(self.bounds) else None
 
+    @property
+    def mig_profile(self) -> str | None:
+        """The MIG instance profile of its placement (None: not placed, or not under MIG)."""
+        return self.placement.mig_profile if self.placement is not None else None
+
     def progress_at(self, now: float) -> float:
         if self.rate <= 0.0:
             return self.progress
@@ -220,7 +227,7 @@ class Simulator:
         jobs: Sequence[JobSpec],
         policy: Policy,
         *,
-        interference: object | None = None,
+        interference: InterferenceModel | None = None,
         config: SimConfig | None = None,
         on_job_end: Callable[[int, int], None] | None = None,
     ) -> None:
@@ -275,8 +282,8 @@ class Simulator:
         self.touched_gpus: set[_Gpu] = set()
         self.touched_jobs: set[_Job] = set()
         # Snapshot caches.
-        self.node_states: list[NodeState] = [None] * len(self.nodes)  # type: ignore[list-item]
-        self.dirty_nodes: set[_Node] = set(self.nodes)
+        self.node_states: list[NodeState] = [self._node_state(n) for n in self.nodes]
+        self.dirty_nodes: set[_Node] = set()
         self.nodes_tuple: tuple[NodeState, ...] | None = None
         self.pending_tuple: tuple[JobSpec, ...] | None = None
         self.rj: dict[str, RunningJob] = {}
@@ -578,7 +585,7 @@ class Simulator:
     def _gpu_factor(self, job: _Job, gpu: _Gpu) -> float:
         mode = gpu.mode
         if mode == SharingMode.MIG:
-            slices = self._mig_slices(gpu, job.placement.mig_profile)  # type: ignore[union-attr]
+            slices = self._mig_slices(gpu, job.mig_profile)
             total = gpu.spec.mig_total_slices or slices
             return (slices / total) ** self.config.mig_speed_exponent
         if mode == SharingMode.EXCLUSIVE or mode is None:
@@ -588,7 +595,7 @@ class Simulator:
             return 1.0
         part = 1.0
         if self.interference is not None:
-            part = self.interference.slowdown(job.spec, co, gpu.spec, mode)  # type: ignore
+            part = self.interference.slowdown(job.spec, co, gpu.spec, mode)
             if math.isinf(part) or math.isnan(part):
                 return 0.0
             part = max(1.0, part)
@@ -644,11 +651,7 @@ class Simulator:
     def _util(self, gpu: _Gpu) -> float:
         if gpu.mode == SharingMode.MIG:
             total = gpu.spec.mig_total_slices or 1
-            used = sum(
-                self._mig_slices(gpu, j.placement.mig_profile)  # type: ignore[union-attr]
-                for j in gpu.jobs
-                if not j.paused
-            )
+            used = sum(self._mig_slices(gpu, j.mig_profile) for j in gpu.jobs if not j.paused)
             return min(1.0, used / total)
         return 1.0 if any(not j.paused for j in gpu.jobs) else 0.0
 
@@ -694,7 +697,7 @@ class Simulator:
         self.last_waiting = plan.waiting
         self.idle_calls = 0 if changed else self.idle_calls + 1
 
-    def _apply_action(self, action) -> bool:  # noqa: ANN001 - scheduler.domain.Action
+    def _apply_action(self, action: Action) -> bool:
         job = self.by_id.get(action.job_id)
         if job is None:
             raise PolicyDecisionError(
@@ -951,9 +954,12 @@ class Simulator:
                 if job.status != _RUNNING:
                     continue
                 job.rj_version += 1
+                placement = job.placement
+                if placement is None:  # a running job always has one
+                    raise SimulationError(f"job {job.spec.id!r} runs without a placement")
                 self.rj[job.spec.id] = RunningJob(
                     job=job.spec,
-                    placement=job.placement,  # type: ignore[arg-type]
+                    placement=placement,
                     started_s=job.last_start,
                     progress=job.progress_at(now),
                     paused=job.paused,
@@ -1080,7 +1086,7 @@ def simulate(
     jobs: Sequence[JobSpec],
     policy: Policy,
     *,
-    interference: object | None = None,
+    interference: InterferenceModel | None = None,
     config: SimConfig | None = None,
     on_job_end: Callable[[int, int], None] | None = None,
 ) -> SimResult:

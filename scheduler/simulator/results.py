@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pandas is only needed by the frame helpers
-    import pandas as pd
+    import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 
 
 class SimulationError(RuntimeError):
