@@ -180,8 +180,8 @@ class ExecPlanPolicy(Policy):
         gpus = {g.key: g for n in state.nodes for g in n.gpus}
         groups: dict[tuple[str, int], list[RunningJob]] = {}
         for r in state.running:
-            for idx in r.placement.gpu_indices:
-                groups.setdefault((r.placement.node, idx), []).append(r)
+            for key in r.placement.gpu_keys:  # every node of a gang
+                groups.setdefault(key, []).append(r)
         reserved: dict[tuple[str, int], float] = {}
         for key in sorted(groups):
             gpu = gpus.get(key)
@@ -311,7 +311,7 @@ class ExecPlanPolicy(Policy):
         held = dict(waiting)
         for d in decisions:
             pl = d.placement
-            keys = [(pl.node, i) for i in pl.gpu_indices]
+            keys = list(pl.gpu_keys)
             job = next((j for j in state.pending if j.id == pl.job_id), None)
             if pl.mode == SharingMode.MIG or not keys or job is None:
                 out.append(replace(d, policy=self.name))

@@ -302,13 +302,18 @@ class PlacementRatePolicy(UsedMemoryGuard):
         gpu_slots: list[float] = []
         cpu_slots: list[float] = []
         running_on: dict[tuple[str, int] | str, list[float]] = {}
+        model_of = {n.name: n.gpus[0].spec.model for n in state.nodes if n.gpus}
         for r in state.running:
             remaining = max(0.0, 1.0 - r.progress)
             if r.placement.gpu_indices:
-                t = r.job.solo_time_s(self._model_of(state, r.placement.node))
+                t = r.job.run_time_s(
+                    model_of.get(r.placement.node),
+                    spread=r.placement.is_gang,
+                    speed=self.unconsolidated_speed,
+                )
                 rem = remaining * (t or 0.0) * slow
-                for idx in r.placement.gpu_indices:
-                    running_on.setdefault((r.placement.node, idx), []).append(rem)
+                for key in r.placement.gpu_keys:
+                    running_on.setdefault(key, []).append(rem)
             else:
                 cpu_t = r.job.profile.cpu_time_s if r.job.profile is not None else None
                 rem = remaining * (cpu_t or 0.0)
@@ -406,13 +411,6 @@ class PlacementRatePolicy(UsedMemoryGuard):
         cycle.cpu_finish_s = best_cpu
         return best_k
 
-    @staticmethod
-    def _model_of(state: ClusterState, node_name: str) -> str | None:
-        for n in state.nodes:
-            if n.name == node_name:
-                return n.gpus[0].spec.model if n.gpus else None
-        return None
-
     # -- framework extension points ------------------------------------------------------------
 
     def sort_queue(
@@ -435,7 +433,7 @@ class PlacementRatePolicy(UsedMemoryGuard):
         """Minus the job's solo time there: the fastest profiled GPU model first (ties and
         unprofiled models: cluster order)."""
         model = cand.gpus[0].spec.model if cand.gpus else None
-        t = job.solo_time_s(model)
+        t = job.run_time_s(model, spread=cand.is_gang, speed=self.unconsolidated_speed)
         return -t if t is not None else 0.0
 
     def no_fit_reason(self, job: JobSpec, view: WorkingView) -> str:
@@ -460,6 +458,11 @@ class PlacementRatePolicy(UsedMemoryGuard):
             f"of {c.n}; GPU capacity for {c.gpu_capacity} job"
             f"{'' if c.gpu_capacity == 1 else 's'}"
         )
+
+    def explain_gang(
+        self, job: JobSpec, chosen: Candidate, cands: list[Candidate], view: WorkingView
+    ) -> str:
+        return f"{self.rank_text(job.id)}: {super().explain_gang(job, chosen, cands, view)}"
 
     def explain(
         self, job: JobSpec, chosen: Candidate, cands: list[Candidate], view: WorkingView
