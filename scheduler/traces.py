@@ -105,24 +105,34 @@ def csv_header(path: str | Path) -> list[str]:
 # Gavel
 
 
+_UNCONSOLIDATED = "_unconsolidated"
+
+_Table = dict[tuple[str, int], dict[str, float]]
+
+
 @functools.lru_cache(maxsize=4)
-def _load_solo_throughputs(path: str) -> dict[tuple[str, int], dict[str, float]]:
-    table: dict[tuple[str, int], dict[str, float]] = {}
+def _load_throughput_tables(path: str) -> tuple[_Table, _Table]:
+    """(consolidated, unconsolidated) throughput tables of a Gavel solo-throughput CSV."""
+    tables: tuple[_Table, _Table] = ({}, {})
     for line, row in _csv_rows(path, ("job_type", "scale_factor", "gpu_type", "throughput")):
-        if row.get("consolidated", "1") not in ("1", "True", "true"):
+        gpu_type = row["gpu_type"]
+        spread = gpu_type.endswith(_UNCONSOLIDATED)
+        if not spread and row.get("consolidated", "1") not in ("1", "True", "true"):
             continue
+        if spread:
+            gpu_type = gpu_type[: -len(_UNCONSOLIDATED)]
         try:
-            model = canonical_model(row["gpu_type"])
+            model = canonical_model(gpu_type)
         except UnknownGpuModel:
             raise InputError(
                 f"unknown GPU type {row['gpu_type']!r}", file=path, line=line, field="gpu_type"
             ) from None
         scale = to_int(row["scale_factor"], file=path, line=line, field="scale_factor", minimum=1)
         tput = to_float(row["throughput"], file=path, line=line, field="throughput", minimum=0)
-        entry = table.setdefault((row["job_type"], scale), {})
+        entry = tables[spread].setdefault((row["job_type"], scale), {})
         if tput:
             entry[model] = tput
-    return table
+    return tables
 
 
 def load_solo_throughputs(path: str | Path = GAVEL_SOLO_CSV) -> ThroughputTable:
@@ -130,16 +140,28 @@ def load_solo_throughputs(path: str | Path = GAVEL_SOLO_CSV) -> ThroughputTable:
 
     Models measured at throughput 0 (infeasible) are absent from the inner mapping.
     """
-    return _load_solo_throughputs(str(path))
+    return _load_throughput_tables(str(path))[0]
+
+
+def load_unconsolidated_throughputs(path: str | Path = GAVEL_SOLO_CSV) -> ThroughputTable:
+    """Like ``load_solo_throughputs`` for the ``<model>_unconsolidated`` rows: the job's
+    throughput with its ``scale_factor`` GPUs spread over several servers."""
+    return _load_throughput_tables(str(path))[1]
 
 
 def read_gavel_trace(
-    path: str | Path, *, throughputs: ThroughputTable | None = None
+    path: str | Path,
+    *,
+    throughputs: ThroughputTable | None = None,
+    unconsolidated: ThroughputTable | None = None,
 ) -> list[JobSpec]:
     """Jobs of a Gavel trace CSV, with Profiles whose ``gpu_time_s`` (seconds) come from the
-    solo-throughput table. Raises InputError for unknown job types, bad numbers, missing
-    columns."""
+    solo-throughput table and, for multi-GPU jobs, ``gpu_time_unconsolidated_s`` from its
+    unconsolidated rows (the time when spread over several nodes). Raises InputError for
+    unknown job types, bad numbers, missing columns."""
     table = throughputs if throughputs is not None else load_solo_throughputs()
+    if unconsolidated is None:
+        unconsolidated = {} if throughputs is not None else load_unconsolidated_throughputs()
     profiles: dict[tuple[str, int, float], Profile] = {}
     jobs: list[JobSpec] = []
     seen: set[str] = set()
@@ -180,10 +202,14 @@ def read_gavel_trace(
         key = (job_type, scale, steps)
         profile = profiles.get(key)
         if profile is None:
+            spread = unconsolidated.get((job_type, scale), {}) if scale > 1 else {}
             profile = Profile(
                 name=job_type if scale == 1 else f"{job_type} x{scale}",
                 kind=JobKind.DL_TRAIN,
                 gpu_time_s={m: steps / t for m, t in sorted(tputs.items())},
+                gpu_time_unconsolidated_s={
+                    m: steps / t for m, t in sorted(spread.items()) if m in tputs
+                },
                 batch_size=_int_or_none(row.get("batch_size")),
             )
             profiles[key] = profile
@@ -289,7 +315,7 @@ def _profile_value(key: str, type_text: str, value: Any, loc: FieldLoc) -> Any:
         except ValueError:
             known = ", ".join(k.value for k in JobKind)
             raise InputError(f"unknown kind {value!r}; known: {known}", **loc) from None
-    if key == "gpu_time_s":
+    if key in ("gpu_time_s", "gpu_time_unconsolidated_s"):
         value = require_mapping(value, **loc)
         times = {}
         for model, seconds in value.items():
@@ -422,7 +448,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
             continue
         if f.name == "kind":
             value = value.value
-        elif f.name == "gpu_time_s":
+        elif f.name in ("gpu_time_s", "gpu_time_unconsolidated_s"):
             value = dict(value)
         elif f.name == "memory_steps":
             value = [dataclasses.asdict(s) for s in value]

@@ -250,4 +250,7 @@ def _sim_config(section: Any, path: Path, sline: int | None) -> SimConfig:
             values[key] = to_int(value, **loc)
         else:
             values[key] = to_float(value, minimum=0, **loc)
-    return SimConfig(**values)
+    try:
+        return SimConfig(**values)
+    except ValueError as exc:  # a setting out of its range (SimConfig.__post_init__)
+        raise InputError(str(exc), file=path, line=sline, field="simulation") from None
