@@ -29,7 +29,10 @@ TABLE_COLUMNS = {
     "policy": "policy",
     "jobs": "jobs",
     "completed": "done",
+    "rejected": "rejected",
     "failed_oom": "failed",
+    "unschedulable": "unsched",
+    "unfinished": "unfin",
     "avg_jct_s": "avg_jct_s",
     "avg_queue_s": "avg_queue_s",
     "makespan_s": "makespan_s",
@@ -177,6 +180,10 @@ def _run(args: argparse.Namespace) -> int:
         f"seed {config.seed}"
     )
     print(format_table(summary))
+    from scheduler.metrics import summary_notes
+
+    for line in summary_notes(summary):
+        print(line)
     if args.out:
         paths = write_outputs(
             Path(args.out),
