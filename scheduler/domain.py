@@ -259,6 +259,8 @@ class Placement:
     @property
     def gpu_keys(self) -> tuple[tuple[str, int], ...]:
         """``(node, gpu index)`` of every GPU, in rank order."""
+        if not self.more:
+            return tuple((self.node, i) for i in self.gpu_indices)
         return tuple((p.node, i) for p in self.parts for i in p.gpu_indices)
 
 
