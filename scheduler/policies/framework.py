@@ -584,7 +584,6 @@ class WorkingView:
             if self._release is not None:  # already indexed this cycle: add it
                 end = self._placed_end(job, placement, self._speed)
                 self._release_add(self._release, job.id, placement, end)
-                self._release_sorted.clear()
         return placement
 
     # -- lookups used by the default filter ----------------------------------------------------
@@ -761,12 +760,30 @@ class WorkingView:
             gpu = _gpu_at(self.node_states[n_order], idx)
             if gpu is None:
                 continue
-            per_gpu = out.setdefault(self._sid(gpu.spec), {})
+            sid = self._sid(gpu.spec)
+            per_gpu = out.setdefault(sid, {})
             key = (n_order, idx)
+            had = key in per_gpu
+            old = per_gpu.get(key)
             if end is None:
-                per_gpu[key] = None
-            elif key not in per_gpu or ((old := per_gpu[key]) is not None and old[0] < end - now):
-                per_gpu[key] = (max(0.0, end - now), job_id)
+                new = None
+            elif not had or (old is not None and old[0] < end - now):
+                new = (max(0.0, end - now), job_id)
+            else:
+                continue  # an earlier entry ends later (or never predicted): it stays
+            per_gpu[key] = new
+            ordered = self._release_sorted.get(sid)
+            if ordered is not None:  # keep the sorted copy of this spec in step
+                known, unknown = ordered
+                if had and old is None:
+                    unknown -= 1
+                elif had and old is not None:
+                    del known[bisect.bisect_left(known, old)]
+                if new is None:
+                    unknown += 1
+                else:
+                    bisect.insort(known, new)
+                self._release_sorted[sid] = (known, unknown)
 
     def _placed_end(self, job: JobSpec, placement: Placement, speed: float) -> float | None:
         """Predicted end of a job placed in this cycle: now + its solo time there."""

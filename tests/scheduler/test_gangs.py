@@ -256,3 +256,22 @@ def test_gang_choice_matches_brute_force(seed):
         return
     assert cand is not None and len(cand.gpus) == k
     assert (len(cand.parts), cand.idle_left()) == best
+
+
+def test_release_order_kept_in_step_with_reservations():
+    # The sorted predicted releases are updated as the cycle places jobs, not rebuilt: they
+    # must equal a fresh sort of the index after a busy cycle with gangs waiting.
+    from benchmarks.decision_latency import build_state
+
+    state = build_state(800, 120, gangs=True)
+    for name in ("binpack", "fifo"):
+        policy = build_policy(name, {"backfill": True})
+        plan = policy.schedule(state, random.Random(0))
+        view = policy._view
+        assert view is not None and view._release is not None, name
+        assert view._release_sorted, name  # some gang waited and asked for a prediction
+        assert any(d.placement.is_gang for d in plan.decisions)
+        for sid, (known, unknown) in view._release_sorted.items():
+            entries = list(view._release[sid].values())
+            assert known == sorted(e for e in entries if e is not None), name
+            assert unknown == sum(1 for e in entries if e is None), name
