@@ -358,9 +358,6 @@ class WorkingView:
         # whether some node could ever hold a multi-GPU job (else it is a gang).
         self.node_caps: dict[int, dict[tuple[int, int], int]] = {}
         self.node_index: dict[str, int] = {n.name: i for i, n in enumerate(state.nodes)}
-        # Predicted ends of running jobs, kept across cycles while the RunningJob is the same
-        # object (``release_times``).
-        self._ends: dict[str, tuple[RunningJob, float | None]] = {}
         self._running: dict[str, JobSpec] | None = None
         self._state = state
         # Co-run feasibility per (job type key, spec id, mode, resident types); kept across
@@ -705,7 +702,8 @@ class WorkingView:
         A running job is predicted to end after ``(1 - progress) x`` its profiled solo time on
         that model (spread over nodes: the unconsolidated time, else the solo time / ``speed``);
         with no progress reported, its solo time minus the time since it started. Built once
-        per cycle; a job's prediction is kept while its ``RunningJob`` is the same object.
+        once per cycle, from the snapshot alone (the same snapshot gives the same answer
+        whatever the view's history).
         """
         if self._release is None:
             self._speed = speed
@@ -727,18 +725,9 @@ class WorkingView:
     ) -> dict[int, dict[tuple[int, int], tuple[float, str] | None]]:
         state = self._state
         now = state.now_s
-        ends = self._ends
-        fresh: dict[str, tuple[RunningJob, float | None]] = {}
         out: dict[int, dict[tuple[int, int], tuple[float, str] | None]] = {}
         for r in state.running:
-            cached = ends.get(r.job.id)
-            if cached is not None and cached[0] is r:
-                end = cached[1]
-            else:
-                end = self._predicted_end(r, now, speed)
-            fresh[r.job.id] = (r, end)
-            self._release_add(out, r.job.id, r.placement, end)
-        self._ends = fresh
+            self._release_add(out, r.job.id, r.placement, self._predicted_end(r, now, speed))
         for job, placement in self.reserved_now:
             self._release_add(out, job.id, placement, self._placed_end(job, placement, speed))
         return out
