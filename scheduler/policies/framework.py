@@ -249,7 +249,7 @@ class Candidate:
     most consolidated first.
     """
 
-    __slots__ = ("node", "gpus", "mode", "mig_profile", "pool", "score", "raw", "gang", "rank")
+    __slots__ = ("node", "gpus", "mode", "mig_profile", "pool", "score", "raw", "gang", "_rank")
 
     def __init__(
         self,
@@ -268,8 +268,12 @@ class Candidate:
         self.score = 0.0
         self.raw: dict[str, float] = {}
         self.gang = gang
-        order = gpus[0].order if gpus else node.order
-        self.rank = (len(gang), self.idle_left(), order) if gang else (0, 0, order)
+        self._rank = (len(gang), self.idle_left(), gpus[0].order) if gang else None
+
+    @property
+    def rank(self) -> tuple[int, int, int]:
+        """Tie-break key (lower first): cluster order; for gangs (nodes, idle left, order)."""
+        return self._rank if self._rank is not None else (0, 0, self.order)
 
     @property
     def is_gang(self) -> bool:
