@@ -1,4 +1,4 @@
-// Predicted vs measured interference (Co-scheML, ALGORITHMS.md §2): fills every element with a
+// Predicted vs measured interference (Co-scheML, docs/coscheml.md): fills every element with a
 // data-interference-url attribute from /api/v1/interference/heatmap/ (profile x profile), on the
 // cluster page and the profile page, and refreshes every data-poll-ms (default 30 s). Each plot
 // container gets data-points="N" (cells drawn) after each update; the text parts work without
