@@ -67,7 +67,12 @@ def jobs_visible_to(
             .select_related("node")
             .prefetch_related("gpus"),
             to_attr="active_placements",
-        )
+        ),
+        Prefetch(
+            "placements",
+            queryset=Placement.objects.order_by("attempt").prefetch_related("parts__node"),
+            to_attr="all_attempts",
+        ),
     )
     if not user.is_staff:
         qs = qs.filter(owner=user)
@@ -94,6 +99,15 @@ def job_for_user(user: Any, job_id: Any) -> Job:
     if job is None:
         raise Http404(f"job {pk} not found")
     return job
+
+
+def job_attempts(job: Job) -> list[Placement]:
+    """Every attempt of the job (its placements, first attempt first) with their parts, using
+    the prefetch of ``jobs_visible_to`` when present."""
+    prefetched = getattr(job, "all_attempts", None)
+    if prefetched is not None:
+        return list(prefetched)
+    return list(job.placements.order_by("attempt").prefetch_related("parts__node"))
 
 
 def job_placement(job: Job) -> Placement | None:

@@ -71,7 +71,7 @@ def test_snapshot_reflects_rows(alice):
     assert g1.gpus[1].free_memory_mb == 12288 - 5000
     assert state.node("c1").kind == "cpu"
     assert [r.job.id for r in state.running] == [str(running.pk)]
-    assert snap.running_nodes == {running.pk: "g1"}
+    assert snap.running_nodes == {running.pk: {"g1"}}
 
 
 def test_fifo_cycle_places_in_order_and_explains_the_rest(alice):
