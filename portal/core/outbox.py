@@ -183,8 +183,13 @@ def _send_schedule(reason: str) -> None:
         return  # a cycle is queued and has not started: it will see this change
     from portal.celery import app
 
+    options = {"kwargs": {"reason": reason}, "queue": SCHEDULER_QUEUE, "retry": False}
     try:
-        app.send_task(SCHEDULE_TASK, kwargs={"reason": reason}, queue=SCHEDULER_QUEUE, retry=False)
+        if app.conf.broker_url == settings.REDIS_URL:
+            app.send_task(SCHEDULE_TASK, **options)  # the app's pooled connection
+        else:  # settings changed since the app was configured (tests)
+            with app.connection_for_write(settings.REDIS_URL) as connection:
+                app.send_task(SCHEDULE_TASK, connection=connection, **options)
     except Exception:
         client.delete(CYCLE_PENDING_KEY)  # no cycle is queued after all
         raise
