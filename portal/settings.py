@@ -158,6 +158,7 @@ COSCHED = {
     "LEASE_MARGIN_S": envfloat("COSCHED_LEASE_MARGIN_S", 10.0),
     "SYNC_INTERVAL_S": envfloat("COSCHED_SYNC_INTERVAL_S", 1.0),
     "RECONCILE_EVERY_S": envfloat("COSCHED_RECONCILE_EVERY_S", 5.0),
+    "CYCLE_EVERY_S": envfloat("COSCHED_CYCLE_EVERY_S", 10.0),
 }
 if COSCHED["LEASE_S"] <= 2 * COSCHED["SYNC_INTERVAL_S"] or COSCHED["LEASE_MARGIN_S"] <= 0:
     raise ValueError(
@@ -169,7 +170,7 @@ if COSCHED["LEASE_S"] <= 2 * COSCHED["SYNC_INTERVAL_S"] or COSCHED["LEASE_MARGIN
 # node change (through the outbox); the beat catches anything those missed, finds lost nodes
 # and retries outbox messages the broker refused.
 CELERY_BEAT_SCHEDULE = {
-    "schedule-cycle": {"task": "cosched.schedule_cycle", "schedule": 10.0},
+    "schedule-cycle": {"task": "cosched.schedule_cycle", "schedule": COSCHED["CYCLE_EVERY_S"]},
     "reconcile": {"task": "cosched.reconcile", "schedule": COSCHED["RECONCILE_EVERY_S"]},
     "outbox-relay": {"task": "cosched.outbox_relay", "schedule": 2.0},
     "cluster-metrics": {"task": "cosched.cluster_metrics", "schedule": 5.0},

@@ -70,6 +70,7 @@ from workers.protocol import (
     AUTH_SCHEME,
     OUTCOMES,
     PROTOCOL_VERSION,
+    RESULTS_PATH,
     SYNC_PATH,
     AttemptKey,
     AttemptResult,
@@ -220,6 +221,7 @@ class NodeAgent:
         self.attempts_dir = self.state_dir / "attempts"
         self.lease_file = self.state_dir / "lease.json"
         self.seq_file = self.state_dir / "seq.json"
+        self.wake_fifo = self.state_dir / "wake.fifo"  # runners write a byte when a job ends
         if backend_name == "nvml":
             default_pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
             default_log = os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")
@@ -250,6 +252,8 @@ class NodeAgent:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
+        self._fifo_r: int | None = None
+        self._fifo_w: int | None = None
 
     # --- start: local state -----------------------------------------------------------------------
 
@@ -264,6 +268,7 @@ class NodeAgent:
                 path.mkdir(parents=True, exist_ok=True)
                 os.chmod(path, 0o700)
             self._take_lock()
+            self._open_fifo()
             self.log_dir.mkdir(parents=True, exist_ok=True)
             stored = runner_files.read_json(self.seq_file) or {}
             self._seq = max(int(stored.get("seq", 0)), int(time.time() * 1000))
@@ -295,6 +300,13 @@ class NodeAgent:
                 f"another agent process holds {self.state_dir} (node {self.name}); stop it first"
             ) from None
         self._lock_fd = fd
+
+    def _open_fifo(self) -> None:
+        with contextlib.suppress(FileExistsError):
+            os.mkfifo(self.wake_fifo, 0o600)
+        self._fifo_r = os.open(self.wake_fifo, os.O_RDONLY | os.O_NONBLOCK)
+        # Our own writer keeps the FIFO from reading as closed when no runner has it open.
+        self._fifo_w = os.open(self.wake_fifo, os.O_WRONLY | os.O_NONBLOCK)
 
     def _adopt(self, directory: Path) -> None:
         """Take over one attempt directory left by an earlier agent process."""
@@ -354,14 +366,18 @@ class NodeAgent:
                 fds = [self._wake_r] + [
                     a.pidfd for a in self._attempts.values() if a.pidfd is not None
                 ]
+                if self._fifo_r is not None:
+                    fds.append(self._fifo_r)
             try:
                 ready, _, _ = select.select(fds, [], [], min(left, 0.5))
             except (OSError, ValueError):  # a pidfd closed meanwhile
                 time.sleep(0.05)
                 continue
             if ready:
-                with contextlib.suppress(BlockingIOError, OSError):
-                    os.read(self._wake_r, 4096)
+                for fd in (self._wake_r, self._fifo_r):
+                    if fd is not None and fd in ready:
+                        with contextlib.suppress(BlockingIOError, OSError):
+                            os.read(fd, 4096)
                 return True
         return False
 
@@ -554,6 +570,11 @@ class NodeAgent:
                     "lease_file": str(self.lease_file),
                     "lease_deadline": self.lease_deadline or 0.0,
                     "created_at": a.started_at,
+                    "wake_fifo": str(self.wake_fifo),
+                    "report": self._report_target(spec),
+                    # The agent normally collects a result within milliseconds; later than
+                    # this, the runner tells the portal itself (well inside the lease margin).
+                    "report_after_s": max(2 * self.sync_interval_s, 1.0),
                 },
             )
             os.replace(tmp, final)
@@ -620,6 +641,16 @@ class NodeAgent:
         self._attempts[key] = a
         self._open_pidfd(a)
         log.info("%s: started attempt %s (runner pid %s)", self.name, key, a.runner_pid)
+
+    def _report_target(self, spec: AttemptSpec) -> dict[str, Any] | None:
+        """Where the attempt's runner may report its result itself (HTTP only)."""
+        target = getattr(self.transport, "report_target", None)
+        if target is None:
+            return None
+        base = target()
+        if base is None:
+            return None
+        return {**base, "node": self.name, "job_id": spec.job_id, "attempt": spec.attempt}
 
     def _job_env(self, a: _Attempt) -> dict[str, str]:
         spec = a.spec
@@ -933,6 +964,11 @@ class NodeAgent:
                     a.pidfd = None
             if self.backend is not None:
                 self.backend.close()
+            for fd in (self._fifo_r, self._fifo_w):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self._fifo_r = self._fifo_w = None
             if self._lock_fd is not None:
                 os.close(self._lock_fd)  # releases the state directory's lock
                 self._lock_fd = None
@@ -1075,7 +1111,18 @@ def kill_marked_processes(
 class HttpTransport:
     """``SyncRequest`` as a POST to ``<portal>/agent/v1/sync`` with the node's token."""
 
-    def __init__(self, portal_url: str, token: str, *, timeout_s: float = 15.0) -> None:
+    def __init__(
+        self,
+        portal_url: str,
+        token: str,
+        *,
+        token_file: Path | None = None,
+        timeout_s: float = 15.0,
+    ) -> None:
+        """``token_file``: where the token came from; runners read it there to report a result
+        themselves when the agent cannot (without it they wait for the agent)."""
+        self.portal_url = portal_url
+        self.token_file = None if token_file is None else Path(token_file).absolute()
         parsed = urllib.parse.urlsplit(portal_url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"portal URL {portal_url!r}: give http(s)://host[:port]")
@@ -1085,6 +1132,16 @@ class HttpTransport:
         self.path = parsed.path.rstrip("/") + SYNC_PATH
         self.token = token
         self.timeout_s = timeout_s
+
+    def report_target(self) -> dict[str, Any] | None:
+        if self.token_file is None:
+            return None
+        return {
+            "url": self.portal_url,
+            "path": RESULTS_PATH,
+            "token_file": str(self.token_file),
+            "version": PROTOCOL_VERSION,
+        }
 
     def sync(self, request: SyncRequest) -> SyncReply:
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
@@ -1273,7 +1330,8 @@ def main(argv: list[str] | None = None) -> int:
         if not opts.portal:
             raise UsageError("no portal URL: pass --portal URL (or set COSCHED_PORTAL_URL)")
         token = _token(opts)
-        transport = HttpTransport(opts.portal, token)
+        token_file = Path(opts.token_file) if opts.token_file else None
+        transport = HttpTransport(opts.portal, token, token_file=token_file)
         backend = _open_backend(opts)
     except (UsageError, ValueError) as exc:
         print(f"node agent: {exc}", file=sys.stderr)

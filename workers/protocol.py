@@ -30,6 +30,12 @@ a newer one said. With one agent per node (it locks its state directory) and rep
 before the next request, an attempt offered to a node and absent from a later request of that
 node is known not to run there.
 
+**Results from a runner.** A runner whose finished attempt its agent does not collect in time
+(the agent frozen, dead or cut off) sends the result itself (``ResultReport``, same token): a
+fact recorded exactly once, in any order with the node's syncs. So a job that finished while its
+agent was away is not run again when the node's lease runs out (Slurm's slurmstepd reports step
+completion to the controller the same way).
+
 **Nudges** (``nudge_channel``) carry no content: they only make an agent sync now, so a forged one
 does nothing but cost a request.
 
@@ -48,6 +54,7 @@ from workers.profiles import profile_to_json as profile_payload  # noqa: F401  (
 
 PROTOCOL_VERSION = 1
 SYNC_PATH = "/agent/v1/sync"  # the portal's HTTP endpoint (POST, JSON)
+RESULTS_PATH = "/agent/v1/results"  # where a runner reports its result when its agent cannot
 AUTH_SCHEME = "Bearer"  # Authorization: Bearer <node token>
 NODE_TOKEN_PREFIX = "cosn_"
 
@@ -682,6 +689,54 @@ class SyncReply:
             send_info=r.bool("send_info"),
             resync_from=r.int("resync_from", required=False, minimum=1),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class ResultReport:
+    """Runner -> portal, only when the agent does not collect a finished attempt in time (it is
+    frozen, dead or cut off): the results alone, recorded exactly once like a sync's. It renews
+    no lease and lists nothing, so the portal infers nothing from what it lacks and any order
+    with the node's syncs is fine. Answered by ``ResultAck``."""
+
+    node: str
+    results: tuple[AttemptResult, ...]
+    version: int = PROTOCOL_VERSION
+
+    def to_json(self) -> str:
+        return _dump(
+            {
+                "version": self.version,
+                "node": self.node,
+                "results": [a.to_dict() for a in self.results],
+            }
+        )
+
+    @classmethod
+    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> ResultReport:
+        r = _Reader(_parse(data), "")
+        version = r.int("version")
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(f"version: this portal speaks {PROTOCOL_VERSION}, got {version}")
+        results = tuple(r.list("results", AttemptResult.read))
+        if not results:
+            raise ProtocolError("results: give at least one")
+        return cls(node=r.str("node"), results=results, version=version)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultAck:
+    """Portal -> runner: the results recorded (now or before)."""
+
+    acked: tuple[AttemptKey, ...]
+    version: int = PROTOCOL_VERSION
+
+    def to_json(self) -> str:
+        return _dump({"version": self.version, "acked": [k.to_dict() for k in self.acked]})
+
+    @classmethod
+    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> ResultAck:
+        r = _Reader(_parse(data), "")
+        return cls(acked=tuple(r.list("acked", AttemptKey.read)), version=r.int("version"))
 
 
 class Transport(Protocol):

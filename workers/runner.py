@@ -10,17 +10,26 @@ It enforces the node's **lease**: when the lease file says the lease has run out
 then SIGKILL after the lease's grace), so the portal may start the job again elsewhere once the
 lease plus a margin has passed and two attempts never run at once.
 
+Once the job has ended it wakes the agent (a byte into the agent's FIFO) and stays until the
+agent has the result acknowledged (the attempt directory goes). If the agent has not done so
+``report_after_s`` after the end (it is frozen, dead or cut off), the runner sends the result to
+the portal itself (``workers.protocol.ResultReport`` with the node's token), so a job that
+finished while its agent was away is not started again when the lease runs out.
+
 Files (JSON, each written atomically: a temporary file renamed into place):
 
 - ``ATTEMPT_DIR/spec.json`` (agent, before the start): ``argv``, ``env``, ``cwd``, ``log``,
-  ``lease_file``, ``lease_deadline`` (monotonic s; used while the lease file is missing).
+  ``lease_file``, ``lease_deadline`` (monotonic s; used while the lease file is missing),
+  ``wake_fifo``, ``report`` (``url``, ``token_file``, ``node``, ``job_id``, ``attempt``; absent
+  in-process), ``report_after_s``, ``ack_wait_s`` (how long to stay for the acknowledgement).
 - ``ATTEMPT_DIR/runner.json`` (runner, at once): ``pid``, ``start_ticks`` (its start time in
   clock ticks since boot: a reused pid is not mistaken for it).
 - ``ATTEMPT_DIR/job.json`` (runner, once the job started): ``pid``, ``pgid``, ``start_ticks``,
   ``started_at`` (epoch s).
 - ``ATTEMPT_DIR/stop.json`` (agent, then SIGTERM to the runner): ``outcome`` (``killed`` or
   ``stopped``), ``detail``, ``grace_s``.
-- ``ATTEMPT_DIR/result.json`` (runner, last, flushed to disk): ``outcome``
+- ``ATTEMPT_DIR/reported.json`` (runner): it reported the result to the portal itself.
+- ``ATTEMPT_DIR/result.json`` (runner, when the job ended, flushed to disk): ``outcome``
   (``workers.protocol.OUTCOMES``), ``exit_code`` (the job's status as ``subprocess`` gives it:
   negative = killed by that signal), ``detail``, ``started_at``, ``ended_at``.
 - the node's lease file (agent, shared by its runners): ``deadline`` (``time.monotonic()``
@@ -47,6 +56,7 @@ RUNNER = "runner.json"
 JOB = "job.json"
 STOP = "stop.json"
 RESULT = "result.json"
+REPORTED = "reported.json"
 CHECK_EVERY_S = 0.25  # how often the lease file is looked at
 DEFAULT_GRACE_S = 10.0
 
@@ -140,6 +150,7 @@ class Runner:
         self._stop_asked = False
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None
+        self.result: dict | None = None
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._wake_r, False)
@@ -181,17 +192,80 @@ class Runner:
     # -- the job ---------------------------------------------------------------------------------
 
     def _finish(self, outcome: str, exit_code: int | None, detail: str) -> None:
-        write_json(
-            self._path(RESULT),
-            {
-                "outcome": outcome,
-                "exit_code": exit_code,
-                "detail": detail,
-                "started_at": self.started_at,
-                "ended_at": time.time(),
-            },
-            sync=True,
-        )
+        self.result = {
+            "outcome": outcome,
+            "exit_code": exit_code,
+            "detail": detail,
+            "started_at": self.started_at,
+            "ended_at": time.time(),
+        }
+        write_json(self._path(RESULT), self.result, sync=True)
+        self._wake_agent()
+
+    def _wake_agent(self) -> None:
+        """A byte into the agent's FIFO, so it collects the result now (nobody there: fine)."""
+        fifo = self.spec.get("wake_fifo")
+        if not fifo:
+            return
+        with contextlib.suppress(OSError):
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(fd, b"r")
+            finally:
+                os.close(fd)
+
+    def linger(self) -> None:
+        """Stay until the agent has the result acknowledged (the directory goes); report it to
+        the portal directly if the agent has not after ``report_after_s``."""
+        report = self.spec.get("report")
+        report_at = time.monotonic() + float(self.spec.get("report_after_s", 5.0))
+        give_up = time.monotonic() + float(self.spec.get("ack_wait_s", 24 * 3600))
+        retry_in = 1.0
+        while os.path.exists(self._path(SPEC)) and time.monotonic() < give_up:
+            if report and time.monotonic() >= report_at:
+                if self._report(report):
+                    write_json(self._path(REPORTED), {"at": time.time()})
+                    return
+                report_at = time.monotonic() + retry_in
+                retry_in = min(30.0, retry_in * 2)
+            time.sleep(0.25)
+
+    def _report(self, target: dict) -> bool:
+        """POST the result as a ``ResultReport``; True when the portal acknowledged it."""
+        import http.client
+        import urllib.parse
+
+        result = dict(self.result or {})
+        result.update(job_id=target["job_id"], attempt=target["attempt"])
+        body = json.dumps(
+            {"version": target.get("version", 1), "node": target["node"], "results": [result]}
+        ).encode()
+        try:
+            with open(target["token_file"], encoding="utf-8") as f:
+                token = f.read().strip()
+            url = urllib.parse.urlsplit(target["url"])
+            cls = (
+                http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+            )
+            conn = cls(url.hostname, url.port, timeout=10)
+            try:
+                conn.request(
+                    "POST",
+                    url.path.rstrip("/") + target["path"],
+                    body=body,
+                    headers={
+                        "Authorization": f"Bearer {token}",
+                        "Content-Type": "application/json",
+                    },
+                )
+                response = conn.getresponse()
+                answer = json.loads(response.read() or b"{}")
+            finally:
+                conn.close()
+        except (OSError, ValueError, KeyError, http.client.HTTPException):
+            return False
+        acked = answer.get("acked") if isinstance(answer, dict) else None
+        return response.status == 200 and bool(acked)
 
     def _start(self) -> bool:
         spec = self.spec
@@ -325,7 +399,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -S -m workers.runner ATTEMPT_DIR", file=sys.stderr)
         return 2
-    return Runner(args[0]).run()
+    runner = Runner(args[0])
+    code = runner.run()
+    runner.linger()
+    return code
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ from workers.protocol import (
     AttemptResult,
     AttemptSpec,
     GangPart,
+    ResultAck,
+    ResultReport,
     RunningAttempt,
     SyncReply,
     SyncRequest,
@@ -116,8 +118,41 @@ def agent_sync(request: SyncRequest) -> SyncReply:
         effects = _Effects(tails={}, samples=[])
         acked = _apply_reports(node, request, now, effects)
         desired = _desired(node, now)
-    _after(node, request, effects)
+    _after(node, effects)
     return _reply(node.name, acked=tuple(acked), desired=tuple(desired))
+
+
+def agent_report_results(report: ResultReport) -> ResultAck:
+    """Record results a runner sends itself (its agent did not collect them in time): each
+    exactly once, with the same effect on the job as from a sync. No lease, no order, nothing
+    inferred from what the report lacks. Returns every result's key (recorded now or before)."""
+    now = timezone.now()
+    effects = _Effects(tails={}, samples=[])
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(name=report.node).first()
+        if node is None:
+            return ResultAck(acked=())
+        for result in report.results:
+            part = _part_of(node, result.key)
+            if part is None:
+                log.warning("node %s: result of unknown attempt %s", node.name, result.key)
+                continue
+            if result.log_tail is not None and part.placement.active:
+                effects.tails[result.job_id] = result.log_tail
+            _record_result(node, part, result, now)
+            log.info("node %s: the runner of %s reported its result itself", node.name, result.key)
+    _after(node, effects)
+    return ResultAck(acked=tuple(r.key for r in report.results))
+
+
+def _part_of(node: Node, key: AttemptKey) -> PlacementPart | None:
+    return (
+        PlacementPart.objects.filter(
+            node=node, placement__job_id=key.job_id, placement__attempt=key.attempt
+        )
+        .select_related("placement", "placement__job")
+        .first()
+    )
 
 
 def _register(request: SyncRequest) -> None:
@@ -176,13 +211,7 @@ def _apply_reports(
         key = result.key
         seen.add(key)
         acked.append(key)
-        part = parts.get(key) or (
-            PlacementPart.objects.filter(
-                node=node, placement__job_id=key.job_id, placement__attempt=key.attempt
-            )
-            .select_related("placement", "placement__job")
-            .first()
-        )
+        part = parts.get(key) or _part_of(node, key)
         if part is None:
             log.warning("node %s: result of unknown attempt %s acknowledged", node.name, key)
             continue
@@ -479,7 +508,7 @@ def _samples(node: Node, request: SyncRequest, current: set[tuple[int, int]]) ->
     return out
 
 
-def _after(node: Node, request: SyncRequest, effects: _Effects) -> None:
+def _after(node: Node, effects: _Effects) -> None:
     """Metrics, log tails and the outbox relay: best effort, after the lease was renewed."""
     from portal.core.metrics import log_tail_store, metrics_record
 

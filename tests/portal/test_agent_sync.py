@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from portal.core import services
-from portal.core.agent_sync import agent_sync
+from portal.core.agent_sync import agent_report_results, agent_sync
 from portal.core.metrics import metrics_store_clear
 from portal.core.models import (
     Gpu,
@@ -25,6 +25,8 @@ from workers.protocol import (
     AttemptKey,
     AttemptResult,
     NodeInfo,
+    ResultAck,
+    ResultReport,
     RunningAttempt,
     Sample,
     SyncReply,
@@ -345,6 +347,44 @@ def test_the_endpoint_syncs_a_node_with_its_own_token(client, db):
     assert response.status_code == 200, response.content
     reply = SyncReply.from_json(response.content)
     assert reply.applied and Node.objects.get(name="gpu-9").lease_expires_at > timezone.now()
+
+
+def test_a_runner_reports_a_result_its_agent_did_not(alice, gpu1, client):
+    """The agent is frozen; its runner sends the result itself: recorded exactly once, and
+    the agent's own report later is only acknowledged."""
+    _, key = node_token_create("gpu-1")
+    job = _placed(alice, ["gpu-1"])
+    gpu1.sync()
+    gpu1.started(job)
+    result = AttemptResult(job.pk, 1, "exited", time.time(), 0, "exit code 0")
+    body = ResultReport(node="gpu-1", results=(result,)).to_json()
+    response = client.post(
+        "/agent/v1/results", data=body, content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+    )  # fmt: skip
+    assert response.status_code == 200, response.content
+    assert ResultAck.from_json(response.content).acked == (AttemptKey(job.pk, 1),)
+    job.refresh_from_db()
+    assert job.state == "COMPLETED"
+    lease = Node.objects.get(name="gpu-1").lease_expires_at
+    # The thawed agent reports it too, in a sync: acknowledged, nothing recorded twice.
+    assert gpu1.ended(job, "exited", 0).acked == (AttemptKey(job.pk, 1),)
+    assert JobEvent.objects.filter(job=job, to_state="COMPLETED").count() == 1
+    assert Node.objects.get(name="gpu-1").lease_expires_at > lease  # only the sync renewed it
+
+
+def test_a_result_report_renews_no_lease_and_infers_nothing(alice, gpu1):
+    other = _placed(alice, ["gpu-1"])
+    job = _placed(alice, ["gpu-1"])
+    gpu1.sync()
+    now = time.time()
+    gpu1.sync(running=tuple(RunningAttempt(j.pk, 1, "running", now, 9) for j in (other, job)))
+    node = Node.objects.get(name="gpu-1")
+    agent_report_results(
+        ResultReport("gpu-1", (AttemptResult(job.pk, 1, "exited", time.time(), 0, "ok"),))
+    )
+    assert Node.objects.get(name="gpu-1").lease_expires_at == node.lease_expires_at
+    assert Job.objects.get(pk=other.pk).state == "RUNNING"  # not listed: not lost
 
 
 def test_the_endpoint_refuses_missing_wrong_and_foreign_tokens(client, db):

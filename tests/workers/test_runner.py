@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +32,9 @@ def _wait(predicate, timeout: float = 10.0, what: str = "condition"):
 class Attempt:
     """An attempt directory with its spec, a lease file, and the runner started on it."""
 
-    def __init__(self, tmp: Path, command: str, lease_s: float = 60.0, grace_s: float = 1.0):
+    def __init__(
+        self, tmp: Path, command: str, lease_s: float = 60.0, grace_s: float = 1.0, **extra
+    ):
         self.dir = tmp / "attempt"
         self.dir.mkdir()
         self.lease = tmp / "lease.json"
@@ -46,6 +49,8 @@ class Attempt:
                 "log": str(self.log),
                 "lease_file": str(self.lease),
                 "lease_deadline": time.monotonic() + lease_s,
+                "ack_wait_s": 0,  # leave at once (the tests below say otherwise)
+                **extra,
             },
         )
         self.proc = subprocess.Popen(
@@ -179,6 +184,80 @@ def test_the_runner_survives_a_kill_of_its_starter(tmp_path):
         assert a.result()["exit_code"] == 7
     finally:
         a.close()
+
+
+def test_it_stays_until_the_agent_forgets_the_attempt_and_wakes_it_first(tmp_path):
+    fifo = tmp_path / "wake.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    a = Attempt(tmp_path, "exit 0", ack_wait_s=60, wake_fifo=str(fifo))
+    try:
+        _wait(lambda: (a.dir / r.RESULT).exists(), what="the result")
+        _wait(lambda: _read(reader) == b"r", what="the wake byte")
+        time.sleep(0.5)
+        assert a.proc.poll() is None  # waiting for the acknowledgement
+        for f in a.dir.iterdir():
+            f.unlink()
+        a.dir.rmdir()  # what the agent does once the portal acknowledged the result
+        assert a.proc.wait(5) == 0
+    finally:
+        os.close(reader)
+        a.close()
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 16)
+    except BlockingIOError:
+        return b""
+
+
+def test_it_reports_the_result_itself_when_the_agent_does_not(tmp_path):
+    """The agent frozen: after ``report_after_s`` the runner posts a ResultReport with the
+    node's token to the portal (here a recording HTTP server) and leaves."""
+    import http.server
+    import json as jsonlib
+
+    received: list[tuple[str, str, dict]] = []
+
+    class Portal(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = jsonlib.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append((self.path, self.headers["Authorization"], body))
+            answer = jsonlib.dumps({"version": 1, "acked": [{"job_id": 5, "attempt": 2}]})
+            self.send_response(200 if len(received) > 1 else 503)  # the first try fails
+            self.end_headers()
+            self.wfile.write(answer.encode())
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Portal)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    token = tmp_path / "node.token"
+    token.write_text("cosn_secret\n")
+    report = {
+        "url": f"http://127.0.0.1:{server.server_port}/portal",
+        "path": "/agent/v1/results",
+        "token_file": str(token),
+        "node": "gpu-7",
+        "job_id": 5,
+        "attempt": 2,
+    }
+    a = Attempt(tmp_path, "exit 4", ack_wait_s=60, report=report, report_after_s=0.3)
+    try:
+        assert a.proc.wait(20) == 0
+    finally:
+        server.shutdown()
+        a.close()
+    assert len(received) == 2  # retried after the 503
+    path, auth, body = received[-1]
+    assert path == "/portal/agent/v1/results" and auth == "Bearer cosn_secret"
+    assert body["node"] == "gpu-7" and body["version"] == 1
+    (result,) = body["results"]
+    assert (result["job_id"], result["attempt"], result["outcome"]) == (5, 2, "exited")
+    assert result["exit_code"] == 4 and result["detail"] == "exit code 4"
+    assert (a.dir / r.REPORTED).exists() and (a.dir / r.RESULT).exists()
 
 
 def test_describe_status():
