@@ -237,7 +237,7 @@ class NodeAgent:
         self.marker = marker_for(self.state_dir)
         self.instance = uuid.uuid4().hex[:16]
         self.sync_interval_s = 1.0
-        self.lease_deadline: float | None = None  # monotonic s
+        self.lease_deadline: float | None = None  # runner.lease_clock() s
         self.last_sync_ok: float | None = None  # monotonic s
         self._lock = threading.RLock()
         self._attempts: dict[AttemptKey, _Attempt] = {}
@@ -424,7 +424,7 @@ class NodeAgent:
                 state = "paused" if a.paused else "running"
             running.append(RunningAttempt(a.job_id, a.spec.attempt, state, a.started_at, a.job_pid))
             size = _size(a.log_path)
-            if size != a.tail_size and not light:
+            if size != a.tail_size and not light and a.spec.node_rank == 0:
                 tails.append(LogTail(a.job_id, a.spec.attempt, tail(a.log_path, LOG_TAIL_BYTES)))
         self._seq = max(self._seq + 1, int(time.time() * 1000))
         with contextlib.suppress(OSError):
@@ -454,7 +454,7 @@ class NodeAgent:
 
     def _sync(self, urgent: bool = False) -> SyncReply | None:
         request = self._request(urgent)
-        sent = time.monotonic()
+        sent = runner_files.lease_clock()
         try:
             reply = self.transport.sync(request)
         except TransportError as exc:
@@ -546,7 +546,7 @@ class NodeAgent:
         tmp = self.attempts_dir / f".{spec.job_id}-{spec.attempt}.{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(mode=0o700, parents=True)
-        log_path = self.log_path(spec.job_id)
+        log_path = self.log_path(spec.job_id, spec.node_rank)
         a = _Attempt(spec=spec, dir=final, log_path=log_path, started_at=time.time())
         try:
             if final.exists():
@@ -707,8 +707,11 @@ class NodeAgent:
             env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", os.defpath)])
         return env
 
-    def log_path(self, job_id: int) -> Path:
-        """``<log_dir>/job-<id>.log``: stdout and stderr of every attempt of the job."""
+    def log_path(self, job_id: int, node_rank: int = 0) -> Path:
+        """``<log_dir>/job-<id>.log``: stdout and stderr of every attempt of the job (a gang's
+        other ranks: ``job-<id>.rank<r>.log``)."""
+        if node_rank:
+            return self.log_dir / f"job-{job_id}.rank{node_rank}.log"
         return self.log_dir / f"job-{job_id}.log"
 
     # --- virtual GPUs -----------------------------------------------------------------------------
@@ -829,9 +832,9 @@ class NodeAgent:
             exit_code=exit_code if isinstance(exit_code, int) else None,
             detail=str(data.get("detail", "")),
             started_at=data.get("started_at"),
-            log_tail=tail(a.log_path, LOG_TAIL_BYTES),
+            log_tail=tail(a.log_path, LOG_TAIL_BYTES) if a.spec.node_rank == 0 else None,
         )
-        if a.result.succeeded:
+        if a.result.succeeded and a.spec.node_rank == 0:
             done = Sample("progress", 1.0, time.time(), None, a.job_id, a.spec.attempt)
             self._samples.append(done)
         if a.pidfd is not None:
@@ -899,8 +902,8 @@ class NodeAgent:
                 out.append(Sample("memory_used_mb", float(r.memory_used_mb), now, r.index))
                 out.append(Sample("memory_total_mb", float(r.memory_total_mb), now, r.index))
         for a in self._attempts.values():
-            if a.result is not None:
-                continue
+            if a.result is not None or a.spec.node_rank != 0:
+                continue  # a gang's job figures come from its rank 0 only
             job, attempt = a.job_id, a.spec.attempt
             if a.progress is not None:
                 out.append(Sample("progress", a.progress, now, None, job, attempt))

@@ -19,7 +19,7 @@ finished while its agent was away is not started again when the lease runs out.
 Files (JSON, each written atomically: a temporary file renamed into place):
 
 - ``ATTEMPT_DIR/spec.json`` (agent, before the start): ``argv``, ``env``, ``cwd``, ``log``,
-  ``lease_file``, ``lease_deadline`` (monotonic s; used while the lease file is missing),
+  ``lease_file``, ``lease_deadline`` (``lease_clock`` s; used while the lease file is missing),
   ``wake_fifo``, ``report`` (``url``, ``token_file``, ``node``, ``job_id``, ``attempt``; absent
   in-process), ``report_after_s``, ``ack_wait_s`` (how long to stay for the acknowledgement).
 - ``ATTEMPT_DIR/runner.json`` (runner, at once): ``pid``, ``start_ticks`` (its start time in
@@ -32,8 +32,9 @@ Files (JSON, each written atomically: a temporary file renamed into place):
 - ``ATTEMPT_DIR/result.json`` (runner, when the job ended, flushed to disk): ``outcome``
   (``workers.protocol.OUTCOMES``), ``exit_code`` (the job's status as ``subprocess`` gives it:
   negative = killed by that signal), ``detail``, ``started_at``, ``ended_at``.
-- the node's lease file (agent, shared by its runners): ``deadline`` (``time.monotonic()``
-  seconds, a clock shared by every process of this boot), ``kill_grace_s``.
+- the node's lease file (agent, shared by its runners): ``deadline`` (``lease_clock()``
+  seconds: CLOCK_BOOTTIME, shared by every process of this boot and counting time the machine
+  spent suspended, so a resumed node knows its lease ran out), ``kill_grace_s``.
 
 Only a few standard modules are imported (no ``typing``, no ``pathlib``) and the agent starts
 it without ``site``: a runner costs a few milliseconds of CPU just when its job starts.
@@ -59,6 +60,15 @@ RESULT = "result.json"
 REPORTED = "reported.json"
 CHECK_EVERY_S = 0.25  # how often the lease file is looked at
 DEFAULT_GRACE_S = 10.0
+
+
+def lease_clock() -> float:
+    """Seconds on the clock leases are measured with: CLOCK_BOOTTIME (Linux), which unlike
+    CLOCK_MONOTONIC goes on while the machine is suspended; CLOCK_MONOTONIC elsewhere."""
+    return time.clock_gettime(_LEASE_CLOCK)
+
+
+_LEASE_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
 
 
 def write_json(path: str | os.PathLike[str], data: dict, *, sync: bool = False) -> None:
@@ -124,7 +134,7 @@ def group_alive(pgid: int) -> bool:
 
 
 def lease_deadline(lease_file: str, fallback: float) -> tuple[float, float]:
-    """(deadline in monotonic seconds, kill grace in s) from the lease file, else ``fallback``."""
+    """(deadline in ``lease_clock`` s, kill grace in s) from the lease file, else ``fallback``."""
     data = read_json(lease_file)
     if data is None:
         return fallback, DEFAULT_GRACE_S
@@ -182,7 +192,7 @@ class Runner:
         return self._lease
 
     def lease_expired(self) -> bool:
-        return time.monotonic() >= self.lease()[0]
+        return lease_clock() >= self.lease()[0]
 
     def _stop_request(self) -> dict | None:
         if self._stop_asked or os.path.exists(self._path(STOP)):

@@ -274,7 +274,12 @@ class Stack:
             "from django.contrib.auth import get_user_model\n"
             "from portal.front.services import token_create\n"
             "u = get_user_model().objects.create_user('chaos', 'c@example.org', 'chaos-pw-123')\n"
-            "print(token_create(u, name='chaos')[1])\n",
+            "print(token_create(u, name='chaos')[1])\n"
+            # Backfill: a job waiting for a GPU does not hold up the CPU jobs (and the probe).
+            "from portal.core.models import PolicySettings\n"
+            "PolicySettings.objects.all().delete()\n"
+            "PolicySettings.objects.create(\n"
+            "    name='chaos', policy='fifo', params={'backfill': True}, active=True)\n",
         ).split()[-1]
         self._proc(
             "web",
@@ -302,7 +307,7 @@ class Stack:
             self.manage("node_token", "create", name, "--file", str(token_file))
             argv = [sys.executable, "-m", "workers.agent", "--name", name, "--portal", self.url,
                     "--token-file", str(token_file), "--nudge-url", self.redis_url,
-                    "--backend", "virtual", "--cores", "4", "--sample-every", "2"]  # fmt: skip
+                    "--backend", "virtual", "--cores", "16", "--sample-every", "2"]  # fmt: skip
             argv += ["--gpus", gpus] if gpus else ["--kind", "cpu"]
             self._proc(f"agent-{name}", argv, self.agent_env).start()
         wait_for(lambda: self.nodes_up() == len(AGENTS), 90, "the agents to register")
@@ -590,15 +595,19 @@ class Fault:
         self.submit_batch(self.cfg.jobs, "-burst")  # keep cycles busy
         victim = None
         deadline = time.monotonic() + 15
+        next_poke = time.monotonic()
         while victim is None and time.monotonic() < deadline:
             for name in ("scheduler1", "scheduler2"):
                 log = self.stack.procs[name].log.read_text(errors="replace")
-                if log.count("] received") > log.count("] succeeded") + log.count("] raised"):
+                task = "cosched.schedule_cycle["
+                lines = [line for line in log.splitlines() if task in line]
+                if lines and lines[-1].endswith("received"):  # a cycle in hand
                     victim = name
                     break
-            if victim is None:
-                self.submit_batch(1, f"-poke{int(time.monotonic() * 10) % 100000}")
-                time.sleep(0.01)
+            if victim is None and time.monotonic() >= next_poke:
+                self.submit_batch(1, f"-poke{int(time.monotonic() * 10) % 100000}")  # a cycle
+                next_poke = time.monotonic() + 0.5
+            time.sleep(0.005)
         mid_cycle = victim is not None
         victim = victim or "scheduler1"
         self.row.notes.append(f"kill -9 of {victim}" + (" mid-cycle" if mid_cycle else ""))
