@@ -271,10 +271,14 @@ class JobEventInline(admin.TabularInline):
 
 
 class PlacementInline(admin.TabularInline):
+    """The job's attempts (docs/reliability.md)."""
+
     model = Placement
+    verbose_name = "attempt"
     extra = 0
     can_delete = False
     fields = [
+        "attempt",
         "node",
         "sharing_mode",
         "mps_percentage",
@@ -283,7 +287,10 @@ class PlacementInline(admin.TabularInline):
         "explanation",
         "active",
         "created_at",
+        "started_at",
         "released_at",
+        "outcome",
+        "end_reason",
     ]
     readonly_fields = fields
 

@@ -67,6 +67,7 @@ ALL_FAULTS = (
     "agent-freeze",
 )
 AGENTS = {"chaos-gpu-1": "TitanXpx2", "chaos-gpu-2": "TitanXpx2", "chaos-cpu": None}
+CYCLE_MARKER = "cosched:cycle-queued"  # portal.core.outbox.CYCLE_PENDING_KEY (no Django here)
 
 
 @dataclass(frozen=True)
@@ -672,29 +673,34 @@ class Fault:
         return None
 
     def inject_messages_dropped(self) -> None:
-        """Every nudge lost (pub/sub connections cut every 0.1 s) and the scheduling messages
-        deleted from the queue for a while: jobs must still start (periodic syncs and cycles)."""
+        """Scheduling messages and nudges lost. The outbox's "a cycle is queued" marker is set
+        while no cycle is queued (what a cycle message lost inside Redis leaves behind), so the
+        cycle requests of the CPU jobs submitted now are all dropped; and every nudge is lost
+        (the agents' pub/sub connections are cut every 0.1 s) until the jobs run. They must be
+        placed by beat's periodic cycle and started by the agents' periodic syncs."""
         import redis
 
         client = redis.Redis.from_url(self.stack.redis_url)
+        client.set(CYCLE_MARKER, "chaos: a lost cycle message", ex=30)
         began = time.monotonic()
-        more = self.submit_batch(self.cfg.jobs, "-late")
-        stop_at = time.monotonic() + max(3 * self.cfg.cycle_s, 6)
-        dropped = 0
-        while time.monotonic() < stop_at:
+        late = []
+        for i in range(self.cfg.jobs):
+            late.append(self.stack.submit(f"{self.name}-late-{i}", gpus=0, seconds=self.cfg.job_s))
+        self.ids += late
+        cuts = 0
+
+        def all_running() -> float | bool:
+            nonlocal cuts
             client.client_kill_filter(_type="pubsub")
-            dropped += client.delete("scheduler")
-            time.sleep(0.1)
-        placed = wait_for(
-            lambda: (
-                all(s != "PENDING" for s in self.stack.states(more).values()) and time.monotonic()
-            ),
-            self.cfg.cycle_s * 4 + 30,
-            "the late jobs to be placed without nudges",
-        )
+            cuts += 1
+            states = self.stack.states(late).values()
+            return all(st in ("RUNNING", "COMPLETED") for st in states) and time.monotonic()
+
+        ran = wait_for(all_running, self.cfg.cycle_s * 3 + 30, "the late jobs to run", every=0.1)
         self.row.notes.append(
-            f"nudges cut for {stop_at - began:.0f} s and {dropped} cycle messages deleted; "
-            f"the {len(more)} jobs submitted then were placed after {placed - began:.1f} s"
+            f"cycle requests swallowed, nudges cut {cuts} times; the {len(late)} jobs submitted "
+            f"then all ran after {ran - began:.1f} s (beat's cycle every {self.cfg.cycle_s:g} s, "
+            f"syncs every {self.cfg.sync_s:g} s)"
         )
 
     def inject_pg_kill(self) -> None:

@@ -4,7 +4,12 @@ every attempt's outcome recorded."""
 
 from __future__ import annotations
 
-from tests.e2e.chaos import QUICK, format_row, run
+from portal.core.outbox import CYCLE_PENDING_KEY
+from tests.e2e.chaos import CYCLE_MARKER, QUICK, format_row, run
+
+
+def test_the_suite_drops_cycle_messages_through_the_real_marker():
+    assert CYCLE_MARKER == CYCLE_PENDING_KEY
 
 
 def test_quick_chaos_loses_nothing_and_runs_nothing_twice_or_at_once():
