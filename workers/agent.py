@@ -356,12 +356,22 @@ class NodeAgent:
             woken = self.wait(interval_s or self.sync_interval_s, stop)
 
     def wait(self, timeout: float, stop: threading.Event) -> bool:
-        """Wait up to ``timeout`` s; True when woken early (a nudge, a runner that ended)."""
+        """Wait up to ``timeout`` s, taking metric samples when they are due (they go with the
+        next sync); True when woken early (a nudge, a runner that ended)."""
         deadline = time.monotonic() + timeout
         while not stop.is_set():
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            left = deadline - now
             if left <= 0:
                 return False
+            if self.sample_every_s > 0:  # else: samples at every step only
+                sample_in = self._last_sample + self.sample_every_s - now
+                if sample_in <= 0:
+                    with self._lock:
+                        self._collect()  # progress from the logs, for the samples
+                        self._sample_if_due()
+                    continue
+                left = min(left, sample_in)
             with self._lock:
                 fds = [self._wake_r] + [
                     a.pidfd for a in self._attempts.values() if a.pidfd is not None

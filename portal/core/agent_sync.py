@@ -406,7 +406,8 @@ def _desired(node: Node, now: datetime) -> list[AttemptSpec]:
         .order_by("node_rank")
     ):
         all_parts[p.placement_id].append(p)
-    launchable = [p for p in parts if p.started_at is None]
+    # Only a job's later attempts can have an earlier one still running somewhere.
+    launchable = [p for p in parts if p.started_at is None and p.placement.attempt > 1]
     held = _held_back({p.placement.job_id: p.placement.attempt for p in launchable})
     specs = []
     offered = []
