@@ -376,8 +376,10 @@ def test_the_next_attempt_waits_until_the_previous_one_is_settled(alice, node, a
 
 def test_a_job_that_ends_while_marked_paused_is_completed(alice, node, agent):
     # The scheduler wrote PAUSED, but the process ended before the pause reached the node.
-    job = _job(alice, node, "sleep 0.3")
+    go = agent.state_dir.parent / "go"
+    job = _job(alice, node, f"while [ ! -e {go} ]; do sleep 0.05; done")
     _job_pid(agent, job)
+    go.touch()
     result = agent.attempts_dir / f"{job.pk}-1" / runner_files.RESULT
     _wait(result.exists, what="the job to end")
     services.job_transition(job, "PAUSED", actor="scheduler", expected="RUNNING")
@@ -498,11 +500,13 @@ def test_a_result_recorded_while_the_agent_was_away_is_reported_once(
     alice, node, backend, transport, tmp_path
 ):
     first = _agent(tmp_path, backend, transport)
-    job = _job(alice, node, "echo done")
+    go = tmp_path / "go"
+    job = _job(alice, node, f"while [ ! -e {go} ]; do sleep 0.05; done; echo done")
     _job_pid(first, job)
     first.shutdown(kill_jobs=False)
+    go.touch()  # the job ends while no agent follows it
     result = next(first.attempts_dir.iterdir()) / runner_files.RESULT
-    _wait(result.exists, what="the runner's result file")  # the job ended: nobody followed it
+    _wait(result.exists, what="the runner's result file")
 
     second = _agent(tmp_path, VirtualBackend("A30x2", node=NODE), transport)
     try:

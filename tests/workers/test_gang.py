@@ -138,9 +138,12 @@ def test_every_rank_starts_with_the_launcher_environment(alice, agents, tmp_path
     assert first.log_path(job.pk).exists() and second.log_path(job.pk, 1).exists()
 
 
-def test_one_ranks_failure_fails_the_job_and_stops_the_other(alice, agents):
-    job = _gang(alice, 'if [ "$NODE_RANK" = 1 ]; then sleep 0.5; exit 3; fi; sleep 30')
+def test_one_ranks_failure_fails_the_job_and_stops_the_other(alice, agents, tmp_path):
+    go = tmp_path / "go"
+    fail = f'if [ "$NODE_RANK" = 1 ]; then while [ ! -e {go} ]; do sleep 0.05; done; exit 3; fi'
+    job = _gang(alice, f"{fail}; sleep 30")
     rank0, _ = _pids(agents, job)
+    go.touch()  # rank 1 fails now
     _until(agents, lambda: _state(job) == "FAILED", what="the job to fail")
     job.refresh_from_db()
     assert job.failure_reason == "exit code 3 (node rank 1)" and job.exit_code == 3
