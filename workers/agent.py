@@ -17,12 +17,18 @@ It speaks only ``workers.protocol`` (no Django, no database credentials). One lo
    whose pause flag changed. After a launch it syncs again at once, so the job is RUNNING in the
    database a few milliseconds after the process started.
 
-It loops every ``--interval`` seconds, at once when the portal nudges it (Redis pub/sub,
-``--nudge-url``; optional: without nudges it is only slower) and when a runner ends.
+It loops every ``--interval`` seconds (default: the portal's ``COSCHED_SYNC_INTERVAL_S``), at
+once when the portal nudges it (Redis pub/sub, ``--nudge-url``; optional: without nudges it is
+only slower) and when a runner says its job ended (a byte into ``wake.fifo``). Metric samples
+are taken every ``--sample-every`` seconds in between and ride on the next periodic sync.
+
+A runner whose result the agent does not collect in time (the agent frozen or dead) reports it
+to the portal itself with the node's token file (``workers.runner``), so a job that finished
+meanwhile is not run again when the node's lease runs out.
 
 **Local state** (``<data>/agent/<node>/``, mode 0700, locked by the one agent using it):
-``lease.json``, ``seq.json`` (the order of its requests) and one directory per attempt
-(``attempts/<job>-<attempt>/``, see ``workers.runner``). On start the agent re-adopts
+``lease.json``, ``seq.json`` (the order of its requests), ``wake.fifo`` and one directory per
+attempt (``attempts/<job>-<attempt>/``, see ``workers.runner``). On start the agent re-adopts
 the runners still alive, turns the finished ones into results, kills the job processes of a
 runner that died without a result, and kills every other process carrying its marker
 (``COSCHED_AGENT_ID``). The next sync reports all that; the portal replies which attempts are
