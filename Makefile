@@ -17,7 +17,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 # Browser tests drive Debian's headless Chromium through its chromedriver.
 BROWSER_PACKAGES := chromium chromium-driver
 
-.PHONY: install demo test lint bench bench-quick browser-deps migrate clean lock chaos
+.PHONY: install demo test lint bench bench-quick browser-deps migrate clean lock docs chaos
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -26,7 +26,15 @@ $(STAMP): pyproject.toml $(LOCK)
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-install: $(STAMP)
+# The docs site (docs/ + mkdocs.yml): the API reference and the policy parameters are generated
+# from the code first; --strict makes a broken link or a page missing from the nav fail the build.
+# The portal serves the result at /docs/.
+DOCS_SITE := var/docs-site
+docs: $(STAMP)
+	$(BIN)/python -m portal.docs_build docs/reference
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d $(DOCS_SITE)
+
+install: $(STAMP) docs
 
 migrate: install
 	$(BIN)/python manage.py migrate --noinput
@@ -98,4 +106,4 @@ bench-quick: install
 	$(TEST_ENV) $(BIN)/python -m benchmarks --quick $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) var staticfiles .pytest_cache .ruff_cache
+	rm -rf $(VENV) var staticfiles .pytest_cache .ruff_cache docs/reference

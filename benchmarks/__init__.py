@@ -15,6 +15,7 @@ from __future__ import annotations
 
 BENCHMARKS: dict[str, str] = {
     "decision": "benchmarks.decision_latency",
+    "sharing": "benchmarks.sharing_latency",
     "simulator": "benchmarks.simulator_throughput",
     "api": "benchmarks.api_latency",
     "live": "benchmarks.live_latency",
@@ -23,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
 
 DESCRIPTIONS: dict[str, str] = {
     "decision": "scheduling-decision latency of each policy (pure core, no I/O)",
+    "sharing": "decision latency of sharing_mode / kscheduler and kin on MIG, MPS, kernel jobs",
     "simulator": "simulator throughput on the named scenarios",
     "api": "REST API latency: POST and GET /api/v1/jobs/ against gunicorn + PostgreSQL",
     "live": "end-to-end submit -> RUNNING latency with Celery and virtual node agents",

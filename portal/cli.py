@@ -37,6 +37,7 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -274,25 +275,6 @@ def default_idempotency_key(raw: bytes) -> str:
     return "cli-" + hashlib.sha256(raw).hexdigest()
 
 
-def resolve_profile(client: Client, fields: dict[str, Any]) -> dict[str, Any]:
-    """Replace a profile *name* (``profile: LAMMPS``) by its id; an id passes through."""
-    profile = fields.get("profile")
-    if not isinstance(profile, str) or profile.strip().isdigit():
-        return fields
-    name = profile.strip()
-    _, data = client.request("GET", "/api/v1/profiles/", params={"search": name, "page_size": 100})
-    rows = data.get("results", data) if isinstance(data, dict) else data
-    matches = [row for row in rows or [] if str(row.get("name", "")).lower() == name.lower()]
-    if not matches:
-        raise CliError(f"profile {name!r}: no approved profile has this name", EXIT_BAD_INPUT)
-    if len(matches) > 1:
-        versions = ", ".join(f"id {row['id']} (v{row.get('version')})" for row in matches)
-        raise CliError(
-            f"profile {name!r}: several versions ({versions}); give the id", EXIT_BAD_INPUT
-        )
-    return {**fields, "profile": matches[0]["id"]}
-
-
 # -- output -----------------------------------------------------------------------------------
 
 
@@ -309,9 +291,10 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
     rows: list[tuple[str, Any]] = [
         ("job", f"{job.get('id')}  {job.get('name', '')}"),
         ("state", job.get("state")),
+        *([("waiting", job["waiting_reason"])] if job.get("waiting_reason") else []),
         ("owner", job.get("owner")),
         ("kind", job.get("kind")),
-        ("profile", job.get("profile") if job.get("profile") is not None else "-"),
+        ("profile", _profile_text(job)),
         ("gpus", job.get("gpus")),
         ("gpu memory", f"{job['gpu_memory_mb']} MB" if job.get("gpu_memory_mb") else "-"),
         ("cpus", job.get("cpus")),
@@ -327,17 +310,26 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
         rows.append(("failure", job["failure_reason"]))
     placement = job.get("placement")
     if placement:
-        gpus = ",".join(str(g) for g in placement.get("gpus") or []) or "cpu"
+        indices = ",".join(str(g) for g in placement.get("gpus") or [])
         mode = placement.get("sharing_mode", "")
         if placement.get("mps_percentage"):
             mode += f" {placement['mps_percentage']}%"
         if placement.get("mig_profile"):
             mode += f" {placement['mig_profile']}"
-        rows.append(("placement", f"{placement.get('node')} gpu {gpus} ({mode.strip()})"))
+        label = "placement" if placement.get("active", True) else "ran on"
+        where = f"gpu {indices} ({mode.strip()})" if indices else "(CPU)"
+        rows.append((label, f"{placement.get('node')} {where}"))
         rows.append(("policy", placement.get("policy")))
         if placement.get("explanation"):
             rows.append(("why", placement["explanation"]))
     return [f"{label:<11} {value}" for label, value in rows]
+
+
+def _profile_text(job: dict[str, Any]) -> str:
+    if job.get("profile") is None:
+        return "-"
+    name = job.get("profile_name")
+    return f"{name} (id {job['profile']})" if name else str(job["profile"])
 
 
 def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
@@ -347,6 +339,13 @@ def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in cells
     )
+
+
+def _shorten(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    if width <= 0 or len(text) <= width:
+        return text
+    return text[: max(1, width - 1)] + "…"
 
 
 def _emit_json(data: Any, out: IO[str]) -> None:
@@ -377,7 +376,6 @@ def _not_found(job_id: int) -> str:
 
 def cmd_submit(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     fields, raw = load_job_file(args.jobfile)
-    fields = resolve_profile(client, fields)
     headers: dict[str, str] = {}
     key = (
         None if args.no_idempotency_key else (args.idempotency_key or default_idempotency_key(raw))
@@ -387,11 +385,11 @@ def cmd_submit(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
     status, job = client.request(
         "POST", "/api/v1/jobs/", body=fields, headers=headers, retry=bool(key)
     )
-    if args.json:
+    if args.json and not args.wait:
         _emit_json(job, out)
     elif args.quiet:
         out.write(f"{job['id']}\n")
-    else:
+    elif not args.json:
         if status == 201:
             out.write(f"Submitted job {job['id']} ({job['name']}): {job['state']}\n")
         else:
@@ -400,8 +398,14 @@ def cmd_submit(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
                 f"key; it is {job['state']}. Use --idempotency-key or --no-idempotency-key "
                 "for a new job.\n"
             )
+        if job.get("waiting_reason"):
+            out.write(f"  note: {job['waiting_reason']}\n")
         out.write(f"  {client.url}/jobs/{job['id']}/\n")
-    return EXIT_OK
+    out.flush()
+    if not args.wait:
+        return EXIT_OK
+    args.id = job["id"]
+    return cmd_wait(client, args, out, err)
 
 
 def cmd_status(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
@@ -413,6 +417,13 @@ def cmd_status(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
     return EXIT_OK
 
 
+def _state_line(job_id: int, job: dict[str, Any], waited: float) -> str:
+    line = f"job {job_id}: {job.get('state')} after {_duration(waited)}"
+    if job.get("state") == "PENDING" and job.get("waiting_reason"):
+        line += f" (waiting: {job['waiting_reason']})"
+    return line
+
+
 def cmd_wait(
     client: Client,
     args: argparse.Namespace,
@@ -421,21 +432,32 @@ def cmd_wait(
     *,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
+    """Poll until the job ends. On a terminal: one progress line (spinner, state, elapsed time,
+    the waiting reason) redrawn in place. Piped: one plain line per change of state or reason,
+    with the time waited so far."""
     started = clock()
     spinner = itertools.cycle("|/-\\")
     live = err.isatty()
-    last_state = None
+    width = shutil.get_terminal_size((100, 20)).columns
+    last_seen: tuple[Any, Any] | None = None
     try:
         while True:
             _, job = client.request("GET", _job_path(args.id), not_found=_not_found(args.id))
             state = job.get("state")
             waited = clock() - started
+            seen = (state, job.get("waiting_reason"))
             if live:
-                err.write(f"\r{next(spinner)} job {args.id} {state}  {_duration(waited)}   ")
+                if last_seen is not None and seen[0] != last_seen[0]:
+                    err.write("\r\033[K" + _state_line(args.id, job, waited) + "\n")
+                line = f"{next(spinner)} job {args.id} {state}  {_duration(waited)}"
+                if state == "PENDING" and job.get("waiting_reason"):
+                    line += f"  {job['waiting_reason']}"
+                err.write("\r\033[K" + line[: max(20, width - 1)])
                 err.flush()
-            elif state != last_state:
-                err.write(f"job {args.id}: {state}\n")
-            last_state = state
+            elif seen != last_seen:
+                err.write(_state_line(args.id, job, waited) + "\n")
+                err.flush()
+            last_seen = seen
             if state in TERMINAL_STATES:
                 break
             if args.timeout is not None and waited >= args.timeout:
@@ -471,6 +493,61 @@ def cmd_wait(
     return EXIT_OK if state == "COMPLETED" else EXIT_JOB_NOT_COMPLETED
 
 
+def new_log_text(before: str, now: str) -> str:
+    """What ``now`` (a log tail) adds to ``before`` (the tail printed last time). The tail is a
+    window that slides: find where the end of ``before`` sits in ``now``; when it is gone (more
+    output than one tail holds came in between), say that some lines were skipped."""
+    if not before:
+        return now
+    if now.startswith(before):
+        return now[len(before) :]
+    for size in (1024, 256, 64):
+        anchor = before[-size:]
+        if len(anchor) < min(size, len(before)):
+            continue
+        at = now.rfind(anchor)
+        if at >= 0:
+            return now[at + len(anchor) :]
+    if now == before[-len(now) :]:
+        return ""
+    return "[... output skipped: more than one log tail came in between polls ...]\n" + now
+
+
+def cmd_logs(
+    client: Client,
+    args: argparse.Namespace,
+    out: IO[str],
+    err: IO[str],
+) -> int:
+    """Print the tail of a job's log (what its node agent last pushed); ``-f`` follows it until
+    the job ends."""
+    printed = ""
+    while True:
+        _, body = client.request("GET", _job_path(args.id) + "log/", not_found=_not_found(args.id))
+        text = body.get("text") or ""
+        if args.json:
+            _emit_json(body, out)
+            return EXIT_OK
+        chunk = new_log_text(printed, text)
+        if chunk:
+            out.write(chunk)
+            out.flush()
+        printed = text or printed
+        state = body.get("state")
+        if not args.follow or state in TERMINAL_STATES:
+            if not printed and not args.follow:
+                err.write(f"job {args.id} ({state}): no output yet\n")
+            if args.follow:
+                if printed and not printed.endswith("\n"):
+                    out.write("\n")
+                err.write(f"job {args.id} {state}\n")
+            return EXIT_OK
+        try:
+            client.sleep(args.interval)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+
+
 def cmd_cancel(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     _, job = client.request(
         "POST", _job_path(args.id) + "cancel/", retry=True, not_found=_not_found(args.id)
@@ -499,6 +576,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
         out.write("No jobs" + (f" in state {args.state.upper()}" if args.state else "") + ".\n")
         return EXIT_OK
     show_owner = len({job.get("owner") for job in jobs}) > 1
+    show_reason = any(job.get("waiting_reason") for job in jobs)
     headers = [
         "ID",
         "STATE",
@@ -507,6 +585,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
         "SUBMITTED",
         *(["OWNER"] if show_owner else []),
         "NAME",
+        *(["WAITING BECAUSE"] if show_reason else []),
     ]
     rows = [
         [
@@ -517,6 +596,11 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
             _when(job.get("submitted_at"))[:16],
             *([job.get("owner", "")] if show_owner else []),
             job.get("name", ""),
+            *(
+                [_shorten(job.get("waiting_reason") or "", args.reason_width)]
+                if show_reason
+                else []
+            ),
         ]
         for job in jobs
     ]
@@ -549,6 +633,31 @@ def _seconds(text: str) -> float:
     return value
 
 
+JOB_FILE_HELP = """\
+job file (YAML, or JSON when the name ends in .json; - reads standard input):
+
+  name: resnet50-nightly          # required, at most 200 characters
+  command: python train.py -e 3   # run by /bin/sh -c on the node (or give container_image)
+  profile: ResNet-50              # optional: an approved profile's id, name or name:version;
+                                  #   blank resources below then come from it
+  gpus: 1                         # 0 = CPU-only job (default 0)
+  gpu_memory_mb: 8000             # per GPU (default: the profile's maximum)
+  cpus: 4                         # cores (default 1)
+  memory_mb: 16000                # host memory (optional)
+  kind: dl-train                  # dl-train, dl-infer, hpc or other (default: the profile's)
+  priority: 0                     # -1000..1000, higher first under priority-aware policies
+  params: {batch_size: 64}        # free-form parameters (a mapping)
+  container_image: ""             # optional
+  elastic_min_workers: 1          # optional, elastic training
+  elastic_max_workers: 4
+
+Unknown fields are refused (a typo is not ignored). A job that can never run on the cluster
+(more GPUs of one model than exist, more GPU memory than any GPU, more cores than any node) is
+refused with the largest request that would fit. The full reference is the docs site's
+"Command line" page.
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     # Common options work before or after the subcommand (SUPPRESS keeps the first one given).
     common = argparse.ArgumentParser(add_help=False)
@@ -577,7 +686,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("submit", parents=[common], help="submit a job file (YAML or JSON)")
+    def add_wait_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--timeout", type=_seconds, help="give up waiting after this many seconds (exit 6)"
+        )
+        p.add_argument(
+            "--interval", type=_seconds, default=3.0, help="seconds between polls (default 3)"
+        )
+
+    p = sub.add_parser(
+        "submit",
+        parents=[common],
+        help="submit a job file (YAML or JSON)",
+        description="Submit a job file; prints the job id and state.",
+        epilog=JOB_FILE_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("jobfile", help="path to the job file, or - for standard input")
     keys = p.add_mutually_exclusive_group()
     keys.add_argument(
@@ -587,6 +711,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keys.add_argument("--no-idempotency-key", action="store_true", help="always create a new job")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the job id")
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="then wait for the job to finish, like `cosched wait` (exit 0 only if COMPLETED)",
+    )
+    add_wait_options(p)
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("status", parents=[common], help="show one job")
@@ -594,14 +724,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser(
-        "wait", parents=[common], help="wait for a job to finish (exit 0 only if COMPLETED)"
+        "wait",
+        parents=[common],
+        help="wait for a job to finish (exit 0 only if COMPLETED)",
+        description=(
+            "Wait for a job to finish. On a terminal a progress line shows the state, the time "
+            "waited and why a pending job waits; piped, one line per change."
+        ),
     )
     p.add_argument("id", type=_positive_int)
-    p.add_argument("--timeout", type=_seconds, help="give up after this many seconds (exit 6)")
-    p.add_argument(
-        "--interval", type=_seconds, default=3.0, help="seconds between polls (default 3)"
-    )
+    add_wait_options(p)
     p.set_defaults(func=cmd_wait)
+
+    p = sub.add_parser(
+        "logs",
+        parents=[common],
+        help="print the tail of a job's log (-f: follow until the job ends)",
+        description=(
+            "Print the last 16 KB of a job's output, as its node agent last reported it. "
+            "With -f, keep printing new output until the job finishes."
+        ),
+    )
+    p.add_argument("id", type=_positive_int)
+    p.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+    p.add_argument(
+        "--interval", type=_seconds, default=2.0, help="seconds between polls (default 2)"
+    )
+    p.set_defaults(func=cmd_logs)
 
     p = sub.add_parser("cancel", parents=[common], help="cancel a job that has not finished")
     p.add_argument("id", type=_positive_int)
@@ -611,8 +760,73 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", help="state(s), comma-separated, e.g. PENDING,RUNNING")
     p.add_argument("--search", help="substring of the job name")
     p.add_argument("--limit", type=int, default=50, help="at most this many jobs (default 50)")
+    p.add_argument(
+        "--reason-width",
+        type=int,
+        default=70,
+        help="cut waiting reasons to this many characters (0: whole; default 70)",
+    )
     p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description=(
+            'Print a completion script: `eval "$(cosched completion bash)"` in ~/.bashrc, '
+            "or `cosched completion zsh > ~/.zfunc/_cosched`."
+        ),
+    )
+    p.add_argument("shell", choices=["bash", "zsh"])
+    p.set_defaults(func=cmd_completion, offline=True)
     return parser
+
+
+def completion_script(shell: str, parser: argparse.ArgumentParser | None = None) -> str:
+    """A bash (or zsh, through bashcompinit) completion script for the commands and options of
+    ``parser``; written from the parser itself so it never goes stale."""
+    parser = parser or build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    cases = []
+    for name, command in sub.choices.items():
+        options = sorted(
+            opt for action in command._actions for opt in action.option_strings if opt != "-h"
+        )
+        cases.append(f'        {name}) opts="{" ".join(options)}" ;;')
+    commands = " ".join(sub.choices)
+    body = "\n".join(cases)
+    script = f"""# cosched completion ({shell}); generated by `cosched completion {shell}`
+_cosched() {{
+    local cur cmd opts
+    cur="${{COMP_WORDS[COMP_CWORD]}}"
+    cmd=""
+    for word in "${{COMP_WORDS[@]:1:COMP_CWORD-1}}"; do
+        case "$word" in -*) ;; *) cmd="$word"; break ;; esac
+    done
+    if [ -z "$cmd" ]; then
+        COMPREPLY=( $(compgen -W "{commands} --help" -- "$cur") )
+        return
+    fi
+    case "$cmd" in
+{body}
+        *) opts="" ;;
+    esac
+    if [ "$cmd" = completion ]; then opts="$opts bash zsh"; fi
+    if [ "$cmd" = submit ] && [[ "$cur" != -* ]]; then
+        COMPREPLY=( $(compgen -f -- "$cur") $(compgen -W "$opts" -- "$cur") )
+    else
+        COMPREPLY=( $(compgen -W "$opts" -- "$cur") )
+    fi
+}}
+complete -o filenames -F _cosched cosched
+"""
+    if shell == "zsh":
+        script = "#compdef cosched\nautoload -U +X bashcompinit && bashcompinit\n" + script
+    return script
+
+
+def cmd_completion(client: Any, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    out.write(completion_script(args.shell))
+    return EXIT_OK
 
 
 def _fail(message: str, code: int, err: IO[str]) -> NoReturn:

@@ -5,6 +5,7 @@ DEBUG on, a development secret key. A deployment sets ``DATABASE_URL``, ``REDIS_
 ``SECRET_KEY``, ``DEBUG=0`` and ``ALLOWED_HOSTS``.
 """
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -13,6 +14,8 @@ from portal.env import envbool, envfloat, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("COSCHED_DATA_DIR", str(BASE_DIR / "var")))
+# The built documentation site (`make docs`), served at /docs/.
+DOCS_SITE_DIR = Path(envstr("COSCHED_DOCS_DIR", str(BASE_DIR / "var" / "docs-site")))
 
 DEBUG = envbool("DEBUG", default=not envstr("SECRET_KEY"))
 SECRET_KEY = envstr("SECRET_KEY") or "cosched-embedded-development-key-not-for-production-use"
@@ -27,16 +30,18 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "axes",
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "portal.core",
     "portal.api",
     "portal.front",
+    "portal.ml",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "portal.api.limits.ApiBodyLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -44,7 +49,23 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# Login lockout (django-axes): after AXES_FAILURE_LIMIT failed logins for one username from one
+# address, that pair is locked out for AXES_COOLOFF_TIME. Only HTTP logins count (see
+# portal.front.authentication.LockoutBackend); staff unlock with `manage.py axes_reset`.
+AUTHENTICATION_BACKENDS = [
+    "portal.front.authentication.LockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = envint("COSCHED_LOGIN_FAILURE_LIMIT", 5)
+AXES_COOLOFF_TIME = timedelta(minutes=envint("COSCHED_LOGIN_LOCKOUT_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+AXES_VERBOSE = False
 
 ROOT_URLCONF = "portal.urls"
 WSGI_APPLICATION = "portal.wsgi.application"
@@ -87,8 +108,13 @@ if envstr("TEST_DB_NAME"):  # lets parallel test runs on one server use separate
     DATABASES["default"]["TEST"] = {"NAME": envstr("TEST_DB_NAME")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# Django's full set: not too similar to the username/e-mail, at least 8 characters, not one of
+# 20,000 common passwords, not all digits.
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
 LANGUAGE_CODE = "en-us"
@@ -112,9 +138,26 @@ LOGOUT_REDIRECT_URL = "login"
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "portal.front.authentication.ApiTokenAuthentication",  # named, hashed cos_ tokens
-        "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
+    # JSON nested deeper than portal.api.limits.MAX_BODY_DEPTH is a 400, not a 500.
+    "DEFAULT_PARSER_CLASSES": [
+        "portal.api.limits.BoundedJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "EXCEPTION_HANDLER": "portal.api.limits.exception_handler",
+    # Per user (a session or any of its tokens) and per token; anonymous callers per address.
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.AnonRateThrottle",
+        "rest_framework.throttling.UserRateThrottle",
+        "portal.api.throttles.TokenRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "anon": envstr("COSCHED_THROTTLE_ANON", "60/min"),
+        "user": envstr("COSCHED_THROTTLE_USER", "2400/min"),
+        "token": envstr("COSCHED_THROTTLE_TOKEN", "1200/min"),
+    },
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
@@ -140,6 +183,16 @@ SPECTACULAR_SETTINGS = {
 
 # Celery: without REDIS_URL, tasks run in-process (embedded default).
 REDIS_URL = envstr("REDIS_URL")
+# The cache holds the API's rate-limit counters: in Redis when there is one, so every web
+# worker counts together; in process memory for the embedded default.
+if REDIS_URL:
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "cosched-cache",
+        }
+    }
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
@@ -151,6 +204,10 @@ CELERY_TASK_DEFAULT_QUEUE = "scheduler"
 COSCHED = {
     "METRICS_RETENTION_DAYS": envint("COSCHED_METRICS_RETENTION_DAYS", 14),
     "IDEMPOTENCY_TTL_S": envint("COSCHED_IDEMPOTENCY_TTL_S", 24 * 3600),
+    # Larger API request bodies get a JSON 413 (portal.api.limits).
+    "API_MAX_BODY_BYTES": envint("COSCHED_API_MAX_BODY_BYTES", 4 * 1024 * 1024),
+    # API tokens expire this many days after creation (0: never).
+    "TOKEN_EXPIRY_DAYS": envint("COSCHED_TOKEN_EXPIRY_DAYS", 0),
     # Node leases (docs/reliability.md): one agent sync keeps a node's lease LEASE_S seconds;
     # its runners stop its jobs when it runs out; the portal starts them elsewhere only
     # LEASE_MARGIN_S after that. Agents sync every SYNC_INTERVAL_S (and when nudged).
@@ -165,6 +222,7 @@ if COSCHED["LEASE_S"] <= 2 * COSCHED["SYNC_INTERVAL_S"] or COSCHED["LEASE_MARGIN
         "COSCHED_LEASE_S must exceed two sync intervals (COSCHED_SYNC_INTERVAL_S) and "
         "COSCHED_LEASE_MARGIN_S must be positive"
     )
+DATA_UPLOAD_MAX_MEMORY_SIZE = COSCHED["API_MAX_BODY_BYTES"]
 
 # Periodic work (``celery -A portal beat``): a cycle also runs on every submission, job end and
 # node change (through the outbox); the beat catches anything those missed, finds lost nodes
@@ -175,6 +233,9 @@ CELERY_BEAT_SCHEDULE = {
     "outbox-relay": {"task": "cosched.outbox_relay", "schedule": 2.0},
     "cluster-metrics": {"task": "cosched.cluster_metrics", "schedule": 5.0},
     "metrics-retention": {"task": "cosched.metrics_retention", "schedule": 3600.0},
+    # Co-scheML online learning (portal.ml): live co-runs -> samples; retrain proposals.
+    "ml-collect-coruns": {"task": "cosched.ml_collect_coruns", "schedule": 300.0},
+    "ml-retrain": {"task": "cosched.ml_retrain", "schedule": 6 * 3600.0},
 }
 
 if not DEBUG:
@@ -196,4 +257,6 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
+    # django-axes logs every login at INFO; lockouts are warnings.
+    "loggers": {"axes": {"level": "WARNING"}},
 }

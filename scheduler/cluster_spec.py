@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scheduler.catalog import CATALOG, UnknownGpuModel, canonical_model
+from scheduler.catalog import CATALOG, UnknownGpuModel, canonical_model, has_mps_thread_limit
 from scheduler.domain import GpuSpec, GpuState, MigProfile, NodeKind, NodeState, SharingMode
 from scheduler.inputs import (
     InputError,
@@ -232,6 +232,7 @@ def _parse_gpu_models(section: Any, source: str | Path, sline: int | None) -> di
                     line=mline,
                     field=f"gpu_models.{raw_name}",
                 )
+            values.setdefault("mps_thread_limit", has_mps_thread_limit(values["architecture"]))
             models[name] = GpuSpec(model=name, **values)
         else:
             models[name] = dataclasses.replace(base, **values)
@@ -245,6 +246,10 @@ def _gpu_field(key: str, value: Any, loc: dict[str, Any]) -> Any:
         return to_int(value, minimum=0, **loc)
     if key in ("dram_bw_gbps", "peak_gflops"):
         return to_float(value, minimum=0, **loc)
+    if key == "mps_thread_limit":
+        if not isinstance(value, bool):
+            raise InputError("expected true or false", **loc)
+        return value
     if key == "sharing_modes":
         if not isinstance(value, list):
             raise InputError("expected a list of sharing modes", **loc)

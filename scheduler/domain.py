@@ -58,9 +58,18 @@ class GpuSpec:
     sharing_modes: tuple[SharingMode, ...] = (SharingMode.EXCLUSIVE, SharingMode.TIME_SLICING)
     mig_profiles: tuple[MigProfile, ...] = ()
     mig_total_slices: int = 0  # 7 on A100/H100, 4 on A30, 0 without MIG
+    # MPS can cap each client's share of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE): Volta on.
+    mps_thread_limit: bool = False
 
     def supports(self, mode: SharingMode) -> bool:
         return mode in self.sharing_modes
+
+    def mig_profile(self, name: str | None) -> MigProfile | None:
+        """The MIG instance profile called ``name`` on this model, or None."""
+        for p in self.mig_profiles:
+            if p.name == name:
+                return p
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +158,8 @@ class JobSpec:
     memory_mb: float = 0.0
     priority: int = 0  # higher runs first where a policy orders by priority
     profile: Profile | None = None
+    # Who submitted it (portal user id); MPS serves one unix user per GPU at a time (§4).
+    owner: str | None = None
     job_type: str | None = None  # key into measured interference tables (e.g. Gavel job_type)
     elastic_min: int | None = None
     elastic_max: int | None = None
@@ -194,6 +205,9 @@ class Placement:
     mig_profile: str | None = None
     cpus: int = 1
     more: tuple[PlacementPart, ...] = ()
+    # MIG only: lay the GPU out as these instance profiles before starting the job (a
+    # re-layout; instances in use must be kept). None: use a free instance already there.
+    mig_layout: tuple[str, ...] | None = None
 
     @property
     def on_gpu(self) -> bool:
@@ -239,6 +253,8 @@ class GpuState:
     util_pct: float | None = None  # monitored, if known
     mig_slices_used: int = 0
     uuid: str = ""
+    # MIG: the instances configured on the GPU now (profile names, free or in use); () = none.
+    mig_layout: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, int]:

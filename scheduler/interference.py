@@ -29,8 +29,9 @@ terms, and never lower than the worst single pair (taking the max would ignore t
 Any infeasible pair makes the whole group infeasible (``inf``).
 
 Implementations, registered by name for ``build_interference``:
-``measured`` (Gavel co-location table), ``class_based`` (§4: M+M worst, C+C middle, M+C best)
-and ``none`` (always 1.0). A trained model (§2) comes later under its own name.
+``measured`` (Gavel co-location table), ``class_based`` (§4: M+M worst, C+C middle, M+C best),
+``none`` (always 1.0) and ``learned`` (a trained model, §2: ``scheduler.learning.interference``,
+imported on first use).
 """
 
 from __future__ import annotations
@@ -311,10 +312,30 @@ class ClassBasedInterference:
         return apply_mode(s, 1 + len(co_runners), mode)
 
 
+def _learned(**params: Any) -> InterferenceModel:
+    """``learned``, imported on first use (it needs scikit-learn and may train a model)."""
+    from scheduler.learning.interference import LearnedInterference
+
+    return LearnedInterference(**params)
+
+
+def _sharing_model(**params: Any) -> InterferenceModel:
+    """``sharing``: the per-mode speed model of ``scheduler.simulator.sharing`` (MIG instances
+    by sensitivity, MPS shares by thread percentage, time-slicing turns; docs/sharing.md)."""
+    from scheduler.simulator.sharing import SharingModel
+
+    try:
+        return SharingModel(**params)
+    except ValueError as exc:
+        raise InterferenceError(str(exc)) from exc
+
+
 INTERFERENCE_MODELS: dict[str, Callable[..., InterferenceModel]] = {
     "measured": MeasuredInterference,
     "class_based": ClassBasedInterference,
     "none": NoInterference,
+    "learned": _learned,
+    "sharing": _sharing_model,
 }
 
 

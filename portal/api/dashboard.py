@@ -63,7 +63,7 @@ class JobRefSerializer(serializers.Serializer):
     mine = serializers.BooleanField()
     state = serializers.CharField()
     sharing_mode = serializers.CharField()
-    slowdown = serializers.FloatField(allow_null=True, help_text="latest live SD_i (§5)")
+    slowdown = serializers.FloatField(allow_null=True, help_text="latest live Slow-Down SD_i")
     progress = serializers.FloatField(allow_null=True, help_text="0..1")
 
 
@@ -106,7 +106,9 @@ class ClusterOverviewSerializer(serializers.Serializer):
     nodes_total = serializers.IntegerField()
     gpus_total = serializers.IntegerField()
     nodes_down = serializers.ListField(child=serializers.CharField(), help_text="node names")
-    sd_max_diff = serializers.FloatField(allow_null=True, help_text="latest cluster value (§5)")
+    sd_max_diff = serializers.FloatField(
+        allow_null=True, help_text="latest cluster value: max |SD_i - SD_j| over running jobs"
+    )
     count = serializers.IntegerField(help_text="nodes matching the filters")
     next = serializers.CharField(allow_null=True)
     previous = serializers.CharField(allow_null=True)
@@ -566,7 +568,8 @@ def job_log(request: Request, pk: int) -> Response:
     summary="Interference heatmap between job classes",
     description=(
         "Predicted slowdown of a job of one class next to one co-runner of another, from the "
-        "class-based interference model (ALGORITHMS.md §4: M+M worst, C+C middle, M+C best), "
+        "class-based interference model (docs: Policies and algorithms; M+M worst, C+C "
+        "middle, M+C best), "
         "with the factors of the active policy settings when it configures that model. "
         "A trained model will replace it when one exists."
     ),
@@ -579,7 +582,7 @@ def interference_heatmap(request: Request) -> Response:
 
     policy = PolicySettings.objects.filter(active=True).first()
     params = dict(policy.params or {}) if policy else {}
-    source = "class_based defaults (ALGORITHMS.md §4)"
+    source = "class_based defaults"
     model_params: dict[str, Any] = {}
     if params.get("interference") == "class_based":
         model_params = dict(params.get("interference_params") or {})
@@ -610,3 +613,41 @@ def interference_heatmap(request: Request) -> Response:
         ),
     }
     return Response(HeatmapSerializer(body).data)
+
+
+# -- the queue ----------------------------------------------------------------------------------
+
+
+class QueueRowSerializer(serializers.Serializer):
+    position = serializers.IntegerField(help_text="1 = next in submission order")
+    id = serializers.IntegerField(allow_null=True, help_text="null: another user's job")
+    name = serializers.CharField(allow_null=True, help_text="null: another user's job")
+    owner = serializers.CharField(allow_null=True, help_text="shown to staff and to the owner")
+    mine = serializers.BooleanField()
+    gpus = serializers.IntegerField()
+    cpus = serializers.IntegerField()
+    priority = serializers.IntegerField()
+    submitted_at = serializers.DateTimeField()
+    waiting_reason = serializers.CharField(help_text="the policy's reason (empty: not yet seen)")
+
+
+class QueueSerializer(serializers.Serializer):
+    count = serializers.IntegerField(help_text="PENDING jobs in all")
+    results = QueueRowSerializer(many=True)
+
+
+@extend_schema(
+    summary="The queue: pending jobs with their waiting reasons",
+    description=(
+        "PENDING jobs in submission order with the reason the scheduler gave in its last cycle. "
+        "Other users' jobs show their resources and reason but not their name or owner "
+        "(staff see every job)."
+    ),
+    parameters=[OpenApiParameter("limit", int, description="at most this many rows (1..500)")],
+    responses={200: QueueSerializer},
+)
+@api_view(["GET"])
+def queue(request: Request) -> Response:
+    limit = _int_param(request, "limit", 50, 1, 500)
+    rows, total = selectors.queue_for(request.user, limit=limit)
+    return Response(QueueSerializer({"count": total, "results": rows}).data)

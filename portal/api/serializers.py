@@ -10,7 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from portal.core import selectors, services
+from portal.core import selectors, services, validation
 from portal.core.adapters import derived_classes
 from portal.core.importers import FORMATS, ProfileImportError, validate_profile_mapping
 from portal.core.models import (
@@ -41,6 +41,71 @@ class RejectUnknownFieldsMixin:
         return super().to_internal_value(data)
 
 
+def _bounded_int(name: str, **kwargs: Any) -> serializers.IntegerField:
+    """An integer field within ``validation.LIMITS[name]`` (the range in the schema, too)."""
+    low, high = validation.LIMITS[name]
+    return serializers.IntegerField(min_value=low, max_value=high, **kwargs)
+
+
+class JsonObjectField(serializers.DictField):
+    """A JSON object bounded in depth and size, with clean text and finite numbers only."""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        value = super().to_internal_value(data)
+        problem = validation.json_error(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+
+@extend_schema_field(
+    {
+        "oneOf": [{"type": "integer"}, {"type": "string"}],
+        "nullable": True,
+        "description": "profile id, name, or name:version",
+    }
+)
+class ProfileRefField(serializers.Field):
+    """An approved profile by id (``7``, ``"7"``), name (``"LAMMPS"``, when one version is
+    approved) or ``"name:version"``; represented by its id."""
+
+    def to_representation(self, value: Any) -> int | None:
+        return None if value is None else value.pk
+
+    def get_attribute(self, instance: Any) -> Any:
+        return instance.profile
+
+    def to_internal_value(self, data: Any) -> ApplicationProfile:
+        if isinstance(data, bool) or not isinstance(data, int | str):
+            raise serializers.ValidationError("give a profile id or name")
+        text = str(data).strip()
+        if isinstance(data, int) or text.isdigit():
+            if not 0 < int(text) <= validation.DB_INT_MAX:
+                raise serializers.ValidationError(f"no profile has id {text}")
+            profile = ApplicationProfile.objects.filter(pk=int(text)).first()
+            if profile is None:
+                raise serializers.ValidationError(f"no profile has id {text}")
+            return profile
+        problem = validation.text_error(text)
+        if problem or not text or len(text) > 200:
+            raise serializers.ValidationError(problem or "give a profile id or name")
+        name, _, version = text.partition(":")
+        rows = ApplicationProfile.objects.filter(name__iexact=name.strip())
+        if version:
+            rows = rows.filter(version=version.strip())
+        approved = [p for p in rows if p.status == ApplicationProfile.Status.APPROVED]
+        if len(approved) == 1:
+            return approved[0]
+        if len(approved) > 1:
+            versions = ", ".join(f"{p.name}:{p.version} (id {p.pk})" for p in approved)
+            raise serializers.ValidationError(
+                f"several approved versions: {versions}; give the id or name:version"
+            )
+        if rows:
+            return rows[0]  # not approved: the business rules say so, naming its status
+        raise serializers.ValidationError(f"no profile is named {text!r}")
+
+
 class PlacementSerializer(serializers.Serializer):
     node = serializers.CharField(source="node.name")
     gpus = serializers.SerializerMethodField(help_text="GPU indices on the node")
@@ -49,6 +114,9 @@ class PlacementSerializer(serializers.Serializer):
     mig_profile = serializers.CharField()
     policy = serializers.CharField()
     explanation = serializers.CharField()
+    active = serializers.BooleanField(help_text="false: a past placement (the job has left it)")
+    placed_at = serializers.DateTimeField(source="created_at")
+    released_at = serializers.DateTimeField(allow_null=True)
 
     def get_gpus(self, placement: Any) -> list[int]:
         return sorted(g.index for g in placement.gpus.all())
@@ -113,30 +181,58 @@ class JobEventSerializer(serializers.ModelSerializer):
 class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     """The job contract CI pipelines rely on (extend it, never rename a field)."""
 
-    profile = serializers.PrimaryKeyRelatedField(
-        queryset=ApplicationProfile.objects.all(),
+    profile = ProfileRefField(
         required=False,
         allow_null=True,
-        help_text="id of an approved application profile",
+        help_text=(
+            "an approved application profile: its id, its name (when one version is approved) "
+            'or "name:version"'
+        ),
     )
-    gpus = serializers.IntegerField(min_value=0, required=False, help_text="0 = CPU-only job")
-    gpu_memory_mb = serializers.IntegerField(
-        min_value=1, required=False, allow_null=True, help_text="per GPU"
+    gpus = _bounded_int("gpus", required=False, help_text="0 = CPU-only job")
+    gpu_memory_mb = _bounded_int(
+        "gpu_memory_mb", required=False, allow_null=True, help_text="per GPU"
     )
-    cpus = serializers.IntegerField(min_value=1, required=False)
-    memory_mb = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    cpus = _bounded_int("cpus", required=False, help_text="cores (per node for a multi-node job)")
+    memory_mb = _bounded_int("memory_mb", required=False, allow_null=True)
     kind = serializers.ChoiceField(choices=JOB_KINDS, required=False)
-    params = serializers.DictField(required=False, help_text="free-form job parameters (object)")
-    priority = serializers.IntegerField(
-        required=False, min_value=-1000, max_value=1000, help_text="higher runs first"
+    params = JsonObjectField(
+        required=False,
+        help_text=(
+            f"free-form job parameters (a JSON object, at most {validation.JSON_MAX_DEPTH} levels "
+            f"deep and {validation.JSON_MAX_BYTES // 1024} KiB)"
+        ),
     )
-    command = serializers.CharField(required=False, allow_blank=True, trim_whitespace=False)
+    priority = _bounded_int("priority", required=False, help_text="higher runs first")
+    command = serializers.CharField(
+        required=True,
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text=(
+            "required; blank only with a container_image (its entry point runs). "
+            f"Run by /bin/sh -c on the node; at most {validation.COMMAND_MAX_BYTES:,} bytes "
+            "(Linux's MAX_ARG_STRLEN)"
+        ),
+    )
     container_image = serializers.CharField(required=False, allow_blank=True, max_length=300)
-    elastic_min_workers = serializers.IntegerField(min_value=1, required=False, allow_null=True)
-    elastic_max_workers = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    elastic_min_workers = _bounded_int("elastic_min_workers", required=False, allow_null=True)
+    elastic_max_workers = _bounded_int("elastic_max_workers", required=False, allow_null=True)
     owner = serializers.CharField(source="owner.get_username", read_only=True)
-    placement = serializers.SerializerMethodField()
-    attempts = serializers.SerializerMethodField()
+    profile_name = serializers.CharField(
+        source="profile.name", read_only=True, allow_null=True, default=None
+    )
+    waiting_reason = serializers.SerializerMethodField(
+        help_text=(
+            "PENDING jobs: why the scheduler left the job queued in its last cycle (empty until "
+            "its first cycle); null in other states"
+        )
+    )
+    placement = serializers.SerializerMethodField(
+        help_text="where the job runs; once it has finished, where it ran last (null: never placed)"
+    )
+    attempts = serializers.SerializerMethodField(
+        help_text="every start of the job, first first: where, when, and how it ended"
+    )
 
     class Meta:
         model = Job
@@ -164,6 +260,8 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "exit_code",
             "failure_reason",
             "requeue_count",
+            "waiting_reason",
+            "profile_name",
             "placement",
             "attempts",
         ]
@@ -178,6 +276,10 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "failure_reason",
             "requeue_count",
         ]
+
+    @extend_schema_field(serializers.CharField(allow_null=True))
+    def get_waiting_reason(self, job: Job) -> str | None:
+        return job.waiting_reason if job.state == "PENDING" else None
 
     @extend_schema_field(PlacementSerializer(allow_null=True))
     def get_placement(self, job: Job) -> dict[str, Any] | None:
@@ -222,9 +324,23 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
 
 class JobDetailSerializer(JobSerializer):
     events = serializers.SerializerMethodField(help_text="the job's timeline, oldest first")
+    placements = serializers.SerializerMethodField(
+        help_text="every placement (attempt) of the job, newest first; the active one first"
+    )
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "events"]
+        fields = [*JobSerializer.Meta.fields, "placements", "events"]
+
+    @extend_schema_field(PlacementSerializer(many=True))
+    def get_placements(self, job: Job) -> list[dict[str, Any]]:
+        rows = getattr(job, "placements_newest_first", None)
+        if rows is None:
+            rows = (
+                job.placements.select_related("node")
+                .prefetch_related("gpus")
+                .order_by("-active", "-id")
+            )
+        return PlacementSerializer(rows, many=True).data
 
     @extend_schema_field(JobEventSerializer(many=True))
     def get_events(self, job: Job) -> list[dict[str, Any]]:
@@ -254,7 +370,7 @@ class GpuTimesField(serializers.DictField):
 
 
 class ProfileSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
-    """An application profile (ALGORITHMS.md §1-§4), in the same schema as the JSON import
+    """An application profile (docs: Application profiles), in the same schema as the JSON import
     (docs/profiles.md). ``gpu_time_s`` maps a GPU catalogue model to solo run seconds."""
 
     gpu_time_s = GpuTimesField(
@@ -265,7 +381,7 @@ class ProfileSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         help_text="derived classes (scheduler.classes): kernel class, C/M class, scale class"
     )
     approved_by = serializers.CharField(
-        source="approved_by.get_username", read_only=True, default=None
+        source="approved_by.get_username", read_only=True, default=None, allow_null=True
     )
 
     class Meta:
@@ -316,11 +432,20 @@ def _as_validation_error(func: Any, *args: Any, **kwargs: Any) -> Any:
         raise serializers.ValidationError(exc.message_dict) from None
 
 
+class RawTextField(serializers.CharField):
+    """Text passed on as it is (a file's content): the importer, not this field, reports NUL
+    characters and other binary data, row by row in the import's error shape."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.validators = [v for v in self.validators if "Prohibit" not in type(v).__name__]
+
+
 class ProfileImportSerializer(serializers.Serializer):
     """``POST /api/v1/profiles/import/``: a multipart ``file``, or ``content`` as text."""
 
     file = serializers.FileField(required=False)
-    content = serializers.CharField(
+    content = RawTextField(
         required=False, trim_whitespace=False, help_text="the file's text (instead of file)"
     )
     profiles = serializers.ListField(

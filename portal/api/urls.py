@@ -20,6 +20,7 @@ urlpatterns = [
     path("v1/dashboard/gpus/series/", dashboard.gpus_series, name="api-gpus-series"),
     path("v1/dashboard/jobs/series/", dashboard.jobs_series, name="api-jobs-series"),
     path("v1/dashboard/interference/", dashboard.interference_heatmap, name="api-interference"),
+    path("v1/dashboard/queue/", dashboard.queue, name="api-queue"),
     path("v1/gpus/<int:pk>/series/", dashboard.gpu_series, name="api-gpu-series"),
     path("v1/jobs/<int:pk>/series/", dashboard.job_series, name="api-job-series"),
     path("v1/jobs/<int:pk>/log/", dashboard.job_log, name="api-job-log"),

@@ -343,7 +343,19 @@ class ProfileViewSet(viewsets.ModelViewSet):
     )
     def import_profiles(self, request: Request) -> Response:
         form = ProfileImportSerializer(data=request.data)
-        form.is_valid(raise_exception=True)
+        if not form.is_valid():  # the request itself is wrong: same shape as a file's errors
+            errors = [
+                {"row": None, "field": name, "message": str(message)}
+                for name, messages in form.errors.items()
+                for message in (messages if isinstance(messages, list) else [messages])
+            ]
+            return Response(
+                {
+                    "detail": f"nothing imported: {len(errors)} error(s) in the request",
+                    "errors": errors,
+                },
+                status=status.HTTP_400_BAD_REQUEST,
+            )
         data = form.validated_data
         filename = None
         fmt = data.get("format")

@@ -13,7 +13,7 @@ from typing import Any
 
 from portal.core.models import ApplicationProfile, Gpu, Job, Node
 from portal.core.states import JobState
-from scheduler.catalog import CATALOG, UnknownGpuModel, canonical_model
+from scheduler.catalog import CATALOG, UnknownGpuModel, canonical_model, has_mps_thread_limit
 from scheduler.domain import (
     GpuSpec,
     GpuState,
@@ -106,6 +106,7 @@ def job_to_domain(job: Job, *, epoch: Any = None) -> JobSpec:
         memory_mb=float(job.memory_mb or 0),
         priority=job.priority,
         profile=None if job.profile is None else profile_to_domain(job.profile),
+        owner=None if job.owner_id is None else str(job.owner_id),
         job_type=(job.params or {}).get("job_type"),
         elastic_min=job.elastic_min_workers,
         elastic_max=job.elastic_max_workers,
@@ -132,6 +133,11 @@ def gpu_spec_of(gpu: Gpu) -> GpuSpec:
         sharing_modes=modes or (base.sharing_modes if base else (SharingMode.EXCLUSIVE,)),
         mig_profiles=migs or (base.mig_profiles if base else ()),
         mig_total_slices=base.mig_total_slices if base else 0,
+        mps_thread_limit=(
+            base.mps_thread_limit
+            if base and not gpu.architecture
+            else has_mps_thread_limit(gpu.architecture or "")
+        ),
     )
 
 
@@ -164,6 +170,7 @@ def gpu_to_domain(
         util_pct=util_pct,
         mig_slices_used=sum(slices_by_profile.get(p.mig_profile, 0) for p in placements),
         uuid=gpu.uuid,
+        mig_layout=tuple(gpu.mig_layout or ()),
     )
 
 

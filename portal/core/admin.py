@@ -3,6 +3,7 @@ views of jobs, the cluster, metrics and the policy settings. Writes go through s
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django import forms
@@ -12,7 +13,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from portal.core import services
+from portal.core import policy_settings, services
 from portal.core.adapters import derived_classes
 from portal.core.importers import FORMATS, ProfileImportError
 from portal.core.models import (
@@ -28,7 +29,9 @@ from portal.core.models import (
     ProfileGpuTime,
     ProfileMemoryStep,
 )
+from portal.core.policy_settings import ParamSpec
 from portal.core.states import IllegalTransition
+from scheduler.policies.registry import available_policies
 
 DASH = "—"
 
@@ -110,11 +113,11 @@ class ApplicationProfileAdmin(admin.ModelAdmin):
         ),
         ("Input parameters", {"fields": ["batch_size", "image_size", "dataset", "args"]}),
         (
-            "Run time and memory (§1)",
+            "Run time and memory",
             {"fields": ["cpu_time_s", "gpu_memory_max_mb", "gpu_memory_avg_mb"]},
         ),
         (
-            "Utilisation (§2)",
+            "Utilisation",
             {
                 "fields": [
                     "gpu_util_pct",
@@ -133,7 +136,7 @@ class ApplicationProfileAdmin(admin.ModelAdmin):
             },
         ),
         (
-            "Kernels and stall reasons (§3)",
+            "Kernels and stall reasons",
             {
                 "fields": [
                     "stall_exec_dependency_pct",
@@ -150,7 +153,7 @@ class ApplicationProfileAdmin(admin.ModelAdmin):
                 ]
             },
         ),
-        ("Job descriptors (§4)", {"fields": ["cm_ratio", "sensitivity"]}),
+        ("Job descriptors", {"fields": ["cm_ratio", "sensitivity"]}),
         (
             "History",
             {
@@ -371,10 +374,168 @@ class NodeAdmin(admin.ModelAdmin):
         return len(obj.gpus.all())
 
 
+PARAM_PREFIX = "param__"
+
+
+def _param_field(spec: ParamSpec, initial: Any) -> forms.Field:
+    """A typed form field for one documented policy parameter (blank: its default)."""
+    help_text = (
+        f"{spec.help + '. ' if spec.help else ''}{spec.describe()}; default {spec.default!r}"
+    )
+    common: dict[str, Any] = {
+        "required": False,
+        "label": spec.name,
+        "help_text": help_text,
+        "initial": initial,
+    }
+    if spec.kind == policy_settings.BOOL:
+        return forms.BooleanField(**common)
+    if spec.kind == policy_settings.INT:
+        return forms.IntegerField(min_value=spec.minimum, max_value=spec.maximum, **common)
+    if spec.kind == policy_settings.FLOAT:
+        return forms.FloatField(min_value=spec.minimum, max_value=spec.maximum, **common)
+    if spec.kind == policy_settings.CHOICE:
+        blank = (
+            "null (off)" if spec.nullable and spec.default is None else f"default ({spec.default})"
+        )
+        if spec.nullable and spec.default is not None:
+            choices = [("", blank), ("null", "null (off)")]
+        else:
+            choices = [("", blank)]
+        return forms.ChoiceField(choices=choices + [(c, c) for c in spec.choices], **common)
+    common["initial"] = "" if initial is None else json.dumps(initial, indent=2)
+    return forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "class": "vLargeTextField"}), **common
+    )
+
+
+class PolicySettingsForm(forms.ModelForm):
+    """A registered policy, and a typed field per documented parameter of it (types, ranges,
+    help), all checked on save by ``policy_settings.validate_policy_settings``: building the
+    policy and planning one cycle of the current queue with it."""
+
+    policy = forms.ChoiceField(
+        help_text=(
+            "A registered policy (docs site: Policies). Choosing another one reloads the form "
+            "with that policy's own parameters."
+        )
+    )
+
+    class Meta:
+        model = PolicySettings
+        fields = ["name", "policy", "active"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["policy"].choices = [(p, p) for p in available_policies()]
+        requested = getattr(self, "requested_policy", None)  # ?policy= (the select's reload)
+        if self.is_bound:
+            chosen = self.data.get("policy") or "fifo"
+        else:
+            chosen = requested or self.instance.policy or "fifo"
+            self.initial["policy"] = chosen
+        try:
+            self.specs = policy_settings.policy_parameters(chosen)
+        except Exception:  # an unknown policy: the choice field reports it
+            self.specs = []
+        current = dict(self.instance.params or {}) if self.instance.pk else {}
+        for spec in self.specs:
+            initial = current.get(spec.name, spec.default)
+            if spec.kind == policy_settings.CHOICE:
+                initial = (
+                    "" if initial == spec.default else ("null" if initial is None else initial)
+                )
+            self.fields[PARAM_PREFIX + spec.name] = _param_field(spec, initial)
+
+    def param_fields(self) -> list[Any]:
+        return [self[PARAM_PREFIX + spec.name] for spec in self.specs]
+
+    def _value(self, spec: ParamSpec) -> Any:
+        raw = self.cleaned_data.get(PARAM_PREFIX + spec.name)
+        if spec.kind == policy_settings.CHOICE:
+            if raw in ("", None):
+                return spec.default
+            return None if raw == "null" else raw
+        if spec.kind == policy_settings.MAPPING:
+            text = (raw or "").strip()
+            if not text:
+                return spec.default
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                raise forms.ValidationError(f"not valid JSON: {exc}") from None
+            if not isinstance(value, dict):
+                raise forms.ValidationError('must be a JSON object, e.g. {"a": 1}')
+            return value
+        if raw is None and spec.kind != policy_settings.BOOL:
+            return spec.default
+        return raw
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        policy = cleaned.get("policy")
+        if not policy:
+            return cleaned
+        params: dict[str, Any] = {}
+        for spec in self.specs:
+            key = PARAM_PREFIX + spec.name
+            if key in self.errors:
+                continue
+            try:
+                value = self._value(spec)
+            except forms.ValidationError as exc:
+                self.add_error(key, exc)
+                continue
+            if value != spec.default:
+                params[spec.name] = value
+        if self.errors:
+            return cleaned
+        for name, message in policy_settings.validate_policy_settings(policy, params).items():
+            field = PARAM_PREFIX + name if PARAM_PREFIX + name in self.fields else name
+            self.add_error(field if field in self.fields else None, message)
+        self.instance.params = params
+        return cleaned
+
+
 @admin.register(PolicySettings)
 class PolicySettingsAdmin(admin.ModelAdmin):
-    list_display = ["name", "policy", "active", "updated_at"]
+    form = PolicySettingsForm
+    list_display = ["name", "policy", "active", "parameters", "validity", "updated_at"]
     list_filter = ["active"]
+    change_form_template = "admin/core/policysettings/change_form.html"
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        if request.method == "POST":
+            policy = request.POST.get("policy") or "fifo"
+        else:
+            policy = request.GET.get("policy") or (obj.policy if obj is not None else "fifo")
+        try:
+            specs = policy_settings.policy_parameters(policy)
+        except Exception:  # an unknown policy: no parameter fields, the choice reports it
+            specs = []
+        names = [PARAM_PREFIX + spec.name for spec in specs]
+        return [
+            (None, {"fields": ["name", "policy", "active"]}),
+            (
+                f"Parameters of {policy} (blank: the documented default)",
+                {"fields": names},
+            ),
+        ]
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any):
+        kwargs["fields"] = None  # the parameter fields are built per policy by the form
+        form = super().get_form(request, obj, change=change, **kwargs)
+        form.requested_policy = request.GET.get("policy")
+        return form
+
+    @admin.display(description="parameters")
+    def parameters(self, obj: PolicySettings) -> str:
+        return json.dumps(obj.params or {}, sort_keys=True) if obj.params else "defaults"
+
+    @admin.display(description="check")
+    def validity(self, obj: PolicySettings) -> str:
+        errors = policy_settings.validate_policy_settings(obj.policy, obj.params, trial=False)
+        return "ok" if not errors else "; ".join(f"{k}: {v}" for k, v in errors.items())
 
 
 @admin.register(MetricSample)

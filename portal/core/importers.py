@@ -32,9 +32,24 @@ from typing import Any
 from django.db import models
 
 from portal.core.models import JOB_KINDS, ApplicationProfile
+from portal.core.validation import (
+    DB_INT_MAX,
+    JSON_MAX_DEPTH,
+    TEXT_MAX_CHARS,
+    json_error,
+    json_nesting_depth,
+    text_error,
+)
 from scheduler.catalog import UnknownGpuModel, canonical_model, gpu_spec
 
 FORMATS = ("csv", "json", "nvprof", "ncu")
+
+# Bounds of a profile file: anything larger is refused with one clear error, never a 500.
+MAX_FILE_BYTES = 10 * 1024 * 1024
+MAX_CELL_CHARS = 65_536  # one CSV cell (the csv module's own limit is 131,072)
+MAX_FILE_DEPTH = JSON_MAX_DEPTH + 4  # a file's list, a profile, memory steps, then args
+MAX_MEMORY_STEPS = 100
+MAX_GPU_TIMES = 64
 
 # Columns a file may carry (e.g. a JSON export from the API) that an import ignores: status and
 # source are import options, the rest is assigned by the server.
@@ -151,6 +166,9 @@ def _clean_field(name: str, raw: Any) -> Any:
                 raise ValueError(f"not valid JSON: {exc.msg}") from None
         if not isinstance(raw, dict):
             raise ValueError("must be a JSON object")
+        problem = json_error(raw)
+        if problem:
+            raise ValueError(problem)
         return raw
     if isinstance(model_field, models.FloatField | models.IntegerField):
         integer = isinstance(model_field, models.IntegerField)
@@ -162,6 +180,8 @@ def _clean_field(name: str, raw: Any) -> Any:
             raise ValueError(f"{raw!r} is not a number") from None
         if value < 0:
             raise ValueError("must not be negative")
+        if integer and value > DB_INT_MAX:
+            raise ValueError(f"{value:,} is too large: at most {DB_INT_MAX:,}")
         if name.endswith("_pct") and value > 100:
             raise ValueError("a percentage must be within 0..100")
         return value
@@ -171,11 +191,14 @@ def _clean_field(name: str, raw: Any) -> Any:
             raw = f"{raw:g}" if isinstance(raw, float) else str(raw)
         else:
             raise ValueError("must be text")
+    problem = text_error(raw)
+    if problem:
+        raise ValueError(problem)
     value = raw.strip()
     if name == "kind" and value not in _KINDS:
         raise ValueError(f"unknown kind {value!r}; known: {', '.join(sorted(_KINDS))}")
-    max_length = getattr(model_field, "max_length", None)
-    if max_length and len(value) > max_length:
+    max_length = getattr(model_field, "max_length", None) or TEXT_MAX_CHARS
+    if len(value) > max_length:
         raise ValueError(f"at most {max_length} characters")
     return value
 
@@ -218,6 +241,8 @@ def parse_memory_steps(raw: Any) -> list[tuple[float, float, float]]:
                 raise ValueError(f"step {i}: {exc}") from None
     else:
         raise ValueError("expected a string like '0:0-833;0.5:833-1895' or a list")
+    if len(steps) > MAX_MEMORY_STEPS:
+        raise ValueError(f"{len(steps)} steps; at most {MAX_MEMORY_STEPS}")
     if steps and all(s[0] is None for s in steps):
         steps = [(i / len(steps), a, b) for i, (_s, a, b) in enumerate(steps)]
     elif any(s[0] is None for s in steps):
@@ -225,7 +250,8 @@ def parse_memory_steps(raw: Any) -> list[tuple[float, float, float]]:
     result: list[tuple[float, float, float]] = []
     previous = -1.0
     for i, (start, from_mb, to_mb) in enumerate(steps, 1):
-        assert start is not None
+        if start is None:  # filled in above; never None here
+            raise ValueError(f"step {i}: no start fraction")
         if not 0 <= start <= 1:
             raise ValueError(f"step {i}: start fraction {start:g} is outside 0..1")
         if start <= previous:
@@ -240,6 +266,8 @@ def parse_memory_steps(raw: Any) -> list[tuple[float, float, float]]:
 
 
 def _gpu_time(model: str, raw: Any) -> tuple[str, float]:
+    if not isinstance(model, str) or text_error(model) or len(model) > 40:
+        raise ValueError("not a GPU model name")
     try:
         key = canonical_model(model)
     except UnknownGpuModel as exc:
@@ -259,7 +287,10 @@ def record_from_mapping(data: dict[str, Any], row: int | None, out: _Collector) 
     gpu_times: dict[str, float] | None = None
     steps: list[tuple[float, float, float]] | None = None
     for key, raw in data.items():
-        key = (key or "").strip()
+        key = (key or "").strip() if isinstance(key, str) else ""
+        if text_error(key) or len(key) > 100:
+            out.add(row, "(column name)", "not a field name (binary data?)")
+            continue
         if key in IGNORED_KEYS:
             continue
         if raw is None or (isinstance(raw, str) and not raw.strip()):
@@ -275,6 +306,9 @@ def record_from_mapping(data: dict[str, Any], row: int | None, out: _Collector) 
         elif key in ("gpu_time_s", "gpu_times"):
             if not isinstance(raw, dict):
                 out.add(row, key, "expected an object {gpu model: seconds}")
+                continue
+            if len(raw) > MAX_GPU_TIMES:
+                out.add(row, key, f"{len(raw)} GPU models; at most {MAX_GPU_TIMES}")
                 continue
             gpu_times = gpu_times or {}
             for model, value in raw.items():
@@ -315,12 +349,25 @@ def validate_profile_mapping(data: dict[str, Any], row: int | None = None) -> Pr
 
 
 def _decode(content: bytes | str) -> str:
+    size = len(content) if isinstance(content, bytes) else len(content.encode("utf-8", "replace"))
+    if size > MAX_FILE_BYTES:
+        raise ProfileImportError(
+            [RowError(None, "file", f"{size:,} bytes; a profile file may hold {MAX_FILE_BYTES:,}")]
+        )
     if isinstance(content, bytes):
         try:
-            return content.decode("utf-8-sig")
+            content = content.decode("utf-8-sig")
         except UnicodeDecodeError:
             raise ProfileImportError([RowError(None, "file", "not UTF-8 text")]) from None
-    return content.lstrip("\ufeff")
+    text = content.lstrip("\ufeff")
+    problem = text_error(text)
+    if problem:
+        where = text.find("\x00")
+        line = text.count("\n", 0, where) + 1 if where >= 0 else None
+        raise ProfileImportError(
+            [RowError(line, "file", f"not a text file: it {problem} (binary data?)")]
+        )
+    return text
 
 
 def parse_csv(text: str) -> list[ProfileRecord]:
@@ -330,8 +377,16 @@ def parse_csv(text: str) -> list[ProfileRecord]:
     if not reader.fieldnames:
         raise ProfileImportError([RowError(None, "file", "empty file: no header")])
     records = []
-    for row in reader:
-        line = reader.line_num
+    try:
+        rows = list(_csv_rows(reader))
+    except csv.Error as exc:
+        raise ProfileImportError([RowError(reader.line_num, "file", _csv_message(exc))]) from None
+    for line, row in rows:
+        too_long = [k for k, v in row.items() if isinstance(v, str) and len(v) > MAX_CELL_CHARS]
+        if too_long:
+            for key in too_long:
+                out.add(line, str(key), f"cell longer than {MAX_CELL_CHARS:,} characters")
+            continue
         if None in row:
             out.add(line, "(row)", f"{len(row[None])} more cell(s) than header columns")
             row.pop(None)
@@ -341,14 +396,33 @@ def parse_csv(text: str) -> list[ProfileRecord]:
     return _finish(records, out)
 
 
+def _csv_rows(reader: csv.DictReader) -> Any:
+    for row in reader:
+        yield reader.line_num, row
+
+
+def _csv_message(exc: csv.Error) -> str:
+    text = str(exc)
+    if "field larger than field limit" in text:
+        return f"a cell is longer than {csv.field_size_limit():,} characters"
+    return f"not valid CSV: {text}"
+
+
 def parse_json(text: str) -> list[ProfileRecord]:
     """Our JSON schema: a list of profile objects, or ``{"profiles": [...]}``, or one object."""
+    depth = json_nesting_depth(text)
+    if depth > MAX_FILE_DEPTH:
+        raise ProfileImportError(
+            [RowError(None, "file", f"JSON nested {depth} levels deep; at most {MAX_FILE_DEPTH}")]
+        )
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise ProfileImportError(
             [RowError(None, "file", f"not valid JSON: {exc.msg} at line {exc.lineno}")]
         ) from None
+    except (ValueError, RecursionError) as exc:
+        raise ProfileImportError([RowError(None, "file", f"not valid JSON: {exc}")]) from None
     if isinstance(data, dict) and "profiles" in data:
         data = data["profiles"]
     elif isinstance(data, dict):
@@ -363,6 +437,10 @@ def parse_json(text: str) -> list[ProfileRecord]:
             continue
         records.append(record_from_mapping(item, i, out))
     return _finish(records, out)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def _finish(records: list[ProfileRecord], out: _Collector) -> list[ProfileRecord]:
@@ -834,10 +912,13 @@ def parse_profiles(
             [RowError(None, "format", f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")]
         )
     options = options or {}
-    if fmt == "json":
-        return parse_json(text)
-    if fmt == "nvprof":
-        return parse_nvprof(text, options)
-    if fmt == "ncu":
-        return parse_ncu(text, options)
-    return parse_csv(text)
+    try:
+        if fmt == "json":
+            return parse_json(text)
+        if fmt == "nvprof":
+            return parse_nvprof(text, options)
+        if fmt == "ncu":
+            return parse_ncu(text, options)
+        return parse_csv(text)
+    except csv.Error as exc:  # the profiler formats read CSV too
+        raise ProfileImportError([RowError(None, "file", _csv_message(exc))]) from None

@@ -222,6 +222,11 @@ class Gpu(models.Model):
         help_text='e.g. [{"name": "1g.6gb", "slices": 1, "memory_mb": 6144}]',
     )
     current_mode = models.CharField(max_length=16, choices=SHARING_MODES, default="exclusive")
+    mig_layout = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='MIG instances configured now, by profile, e.g. ["2g.12gb", "1g.6gb", "1g.6gb"]',
+    )
 
     class Meta:
         ordering = ["node__name", "index"]

@@ -228,6 +228,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
                     committed_memory_mb=memory_on_gpu.get(g.pk, 0.0),
                     mig_slices_used=sum(slice_of.get(n, 0) for n in slices_on_gpu.get(g.pk, [])),
                     uuid=g.uuid,
+                    mig_layout=tuple(g.mig_layout or ()),
                 )
             )
         node_states.append(
@@ -268,6 +269,7 @@ def _without_profile(job: Job) -> Job:
     """A shallow stand-in of ``job`` with no profile, so the adapter skips the conversion."""
     clone = Job(
         pk=job.pk,
+        owner_id=job.owner_id,  # MPS serves one user per GPU: policies need the owner
         name=job.name,
         kind=job.kind,
         gpus=job.gpus,

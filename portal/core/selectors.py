@@ -63,16 +63,11 @@ def jobs_visible_to(
     qs = Job.objects.select_related("owner", "profile").prefetch_related(
         Prefetch(
             "placements",
-            queryset=Placement.objects.filter(active=True)
-            .select_related("node")
-            .prefetch_related("gpus"),
-            to_attr="active_placements",
-        ),
-        Prefetch(
-            "placements",
-            queryset=Placement.objects.order_by("attempt").prefetch_related("parts__node"),
-            to_attr="all_attempts",
-        ),
+            queryset=Placement.objects.select_related("node")
+            .prefetch_related("gpus", "parts__node")
+            .order_by("-active", "-id"),
+            to_attr="placements_newest_first",
+        )
     )
     if not user.is_staff:
         qs = qs.filter(owner=user)
@@ -104,22 +99,22 @@ def job_for_user(user: Any, job_id: Any) -> Job:
 def job_attempts(job: Job) -> list[Placement]:
     """Every attempt of the job (its placements, first attempt first) with their parts, using
     the prefetch of ``jobs_visible_to`` when present."""
-    prefetched = getattr(job, "all_attempts", None)
+    prefetched = getattr(job, "placements_newest_first", None)
     if prefetched is not None:
-        return list(prefetched)
+        return sorted(prefetched, key=lambda p: p.attempt)
     return list(job.placements.order_by("attempt").prefetch_related("parts__node"))
 
 
 def job_placement(job: Job) -> Placement | None:
-    """The job's active placement, using the prefetch of ``jobs_visible_to`` when present."""
-    prefetched = getattr(job, "active_placements", None)
+    """The job's active placement, else its last one (a finished or requeued job: where it ran
+    last); None if it was never placed. Uses the prefetch of ``jobs_visible_to`` when present."""
+    prefetched = getattr(job, "placements_newest_first", None)
     if prefetched is not None:
         return prefetched[0] if prefetched else None
     return (
-        job.placements.filter(active=True)
-        .select_related("node")
+        job.placements.select_related("node")
         .prefetch_related("gpus")
-        .order_by("-id")
+        .order_by("-active", "-id")
         .first()
     )
 
@@ -169,3 +164,33 @@ def nodes_with_gpus() -> QuerySet[Node]:
 
 def gpus_all() -> QuerySet[Gpu]:
     return Gpu.objects.select_related("node").order_by("node__name", "index")
+
+
+def queue_for(user: Any, *, limit: int = 50) -> tuple[list[dict[str, Any]], int]:
+    """The queue (PENDING jobs, oldest first, as the loop hands them to the policy) as ``user``
+    may see it: every job's position, resources, submission time and waiting reason; the name
+    and owner only of the user's own jobs (staff: of every job). Returns ``(rows, total)``."""
+    qs = (
+        Job.objects.filter(state=JobState.PENDING)
+        .select_related("owner")
+        .order_by("submitted_at", "id")
+    )
+    total = qs.count()
+    rows = []
+    for position, job in enumerate(qs[:limit], 1):
+        visible = bool(getattr(user, "is_staff", False)) or job.owner_id == user.pk
+        rows.append(
+            {
+                "position": position,
+                "id": job.pk if visible else None,
+                "name": job.name if visible else None,
+                "owner": job.owner.get_username() if visible else None,
+                "mine": job.owner_id == user.pk,
+                "gpus": job.gpus,
+                "cpus": job.cpus,
+                "priority": job.priority,
+                "submitted_at": job.submitted_at,
+                "waiting_reason": job.waiting_reason,
+            }
+        )
+    return rows, total

@@ -19,6 +19,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from portal.core import validation
 from portal.core.importers import ProfileImportError, ProfileRecord, RowError, parse_profiles
 from portal.core.models import (
     ApplicationProfile,
@@ -154,6 +155,11 @@ def job_rule_errors(
         )
     if "gpus" not in skip and data.get("gpus", 0) == 0 and data.get("gpu_memory_mb"):
         errors.setdefault("gpu_memory_mb", []).append("a CPU-only job (gpus=0) asks no GPU memory")
+    # Bounds (portal.core.validation), then admission against the registered cluster.
+    for name, messages in validation.job_input_errors(data).items():
+        errors.setdefault(name, []).extend(messages)
+    for name, messages in validation.admission_errors(data, skip=set(skip) | set(errors)).items():
+        errors.setdefault(name, []).extend(messages)
     return errors
 
 
@@ -188,6 +194,7 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
                 owner=owner,
                 idempotency_key=idempotency_key or None,
                 idempotency_fingerprint=fingerprint,
+                waiting_reason=validation.admission_note(data),
                 **data,
             )
             JobEvent.objects.create(

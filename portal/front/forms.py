@@ -9,7 +9,7 @@ from typing import Any
 
 from django import forms
 
-from portal.core import selectors, services
+from portal.core import selectors, services, validation
 from portal.core.models import JOB_KINDS, ApplicationProfile
 from portal.core.states import JobState
 
@@ -57,6 +57,16 @@ def profile_defaults(profile: ApplicationProfile) -> dict[str, Any]:
     }
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _bounded(name: str, **kwargs: Any) -> forms.IntegerField:
+    """An integer field within ``validation.LIMITS[name]``."""
+    low, high = validation.LIMITS[name]
+    return forms.IntegerField(min_value=low, max_value=high, **kwargs)
+
+
 class JsonObjectField(forms.CharField):
     """A textarea holding a JSON object; cleans to a dict (blank means ``{}``)."""
 
@@ -66,14 +76,24 @@ class JsonObjectField(forms.CharField):
         text = (super().to_python(value) or "").strip()
         if not text:
             return {}
+        depth = validation.json_nesting_depth(text)
+        if depth > validation.JSON_MAX_DEPTH:
+            raise forms.ValidationError(
+                f"nested {depth} levels deep; at most {validation.JSON_MAX_DEPTH}"
+            )
         try:
-            parsed = json.loads(text)
+            parsed = json.loads(text, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             raise forms.ValidationError(
                 f"not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
             ) from None
+        except (ValueError, RecursionError) as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc}") from None
         if not isinstance(parsed, dict):
             raise forms.ValidationError('must be a JSON object, e.g. {"epochs": 10}')
+        problem = validation.json_error(parsed)
+        if problem:
+            raise forms.ValidationError(problem)
         return parsed
 
     def prepare_value(self, value: Any) -> Any:
@@ -99,30 +119,25 @@ class JobSubmitForm(forms.Form):
         max_length=300, required=False, help_text="Optional, e.g. nvcr.io/nvidia/pytorch:24.05"
     )
     kind = forms.ChoiceField(choices=[("", "From profile"), *JOB_KINDS], required=False)
-    gpus = forms.IntegerField(
-        label="GPUs",
-        min_value=0,
-        max_value=64,
-        required=False,
-        help_text="0 = CPU only. Blank: from profile.",
+    gpus = _bounded(
+        "gpus", label="GPUs", required=False, help_text="0 = CPU only. Blank: from profile."
     )
-    gpu_memory_mb = forms.IntegerField(
+    gpu_memory_mb = _bounded(
+        "gpu_memory_mb",
         label="GPU memory (MB)",
-        min_value=1,
         required=False,
         help_text="Per GPU. Blank: the profile's maximum.",
     )
-    cpus = forms.IntegerField(label="CPUs", min_value=1, max_value=1024, initial=1, required=False)
-    memory_mb = forms.IntegerField(label="Memory (MB)", min_value=1, required=False)
-    priority = forms.IntegerField(
+    cpus = _bounded("cpus", label="CPUs", initial=1, required=False)
+    memory_mb = _bounded("memory_mb", label="Memory (MB)", required=False)
+    priority = _bounded(
+        "priority",
         initial=0,
-        min_value=-1000,
-        max_value=1000,
         required=False,
         help_text="-1000 to 1000; higher runs first under priority-aware policies.",
     )
-    elastic_min_workers = forms.IntegerField(min_value=1, required=False, label="Elastic min")
-    elastic_max_workers = forms.IntegerField(min_value=1, required=False, label="Elastic max")
+    elastic_min_workers = _bounded("elastic_min_workers", required=False, label="Elastic min")
+    elastic_max_workers = _bounded("elastic_max_workers", required=False, label="Elastic max")
     params = JsonObjectField(
         label="Parameters (JSON)",
         required=False,

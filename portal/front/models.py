@@ -7,8 +7,11 @@ The key is shown once at creation; only its SHA-256 digest and a short display p
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class ApiToken(models.Model):
@@ -29,5 +32,17 @@ class ApiToken(models.Model):
         return f"{self.name} ({self.prefix}…)"
 
     @property
+    def expires_at(self) -> datetime | None:
+        """``COSCHED["TOKEN_EXPIRY_DAYS"]`` after creation (None: tokens do not expire)."""
+        days = int(settings.COSCHED.get("TOKEN_EXPIRY_DAYS") or 0)
+        if days <= 0 or self.created_at is None:
+            return None
+        return self.created_at + timedelta(days=days)
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and timezone.now() >= self.expires_at
+
+    @property
     def is_active(self) -> bool:
-        return self.revoked_at is None
+        return self.revoked_at is None and not self.is_expired

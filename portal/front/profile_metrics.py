@@ -33,7 +33,7 @@ class Section:
 _SECTIONS: list[tuple[str, str, str, list[tuple[str, str, str]]]] = [
     (
         "s1",
-        "§1 Run times and memory",
+        "Run times and memory",
         "placement_rate, exec_plan",
         [
             ("cpu_time_s", "CPU run time", "s"),
@@ -43,7 +43,7 @@ _SECTIONS: list[tuple[str, str, str, list[tuple[str, str, str]]]] = [
     ),
     (
         "s2",
-        "§2 Utilisation metrics",
+        "Utilisation metrics",
         "coscheml",
         [
             ("gpu_util_pct", "GPU utilisation", "%"),
@@ -60,7 +60,7 @@ _SECTIONS: list[tuple[str, str, str, list[tuple[str, str, str]]]] = [
     ),
     (
         "s3",
-        "§3 Stall reasons and kernel resources",
+        "Stall reasons and kernel resources",
         "kscheduler",
         [
             ("stall_exec_dependency_pct", "Stalls: execution dependency", "%"),
@@ -80,7 +80,7 @@ _SECTIONS: list[tuple[str, str, str, list[tuple[str, str, str]]]] = [
     ),
     (
         "s4",
-        "§4 Job descriptors",
+        "Job descriptors",
         "sharing_mode",
         [
             ("cm_ratio", "C/M ratio", ""),
@@ -104,10 +104,10 @@ def sections(profile: ApplicationProfile) -> list[Section]:
 
 # Labels for the keys of ``portal.core.adapters.derived_classes``.
 _CLASS_LABELS = {
-    "kernel_class": "Kernel class (§3)",
-    "cm_class": "C/M class (§4)",
-    "scale_class": "Scale (§4)",
-    "sensitivity_class": "Sensitivity (§4)",
+    "kernel_class": "Kernel class",
+    "cm_class": "C/M class",
+    "scale_class": "Scale",
+    "sensitivity_class": "Sensitivity",
 }
 
 

@@ -64,13 +64,15 @@ def token_revoke(token: ApiToken) -> ApiToken:
 
 
 def token_authenticate(key: str) -> ApiToken | None:
-    """The active token whose key is ``key``, or None; records the time of use."""
+    """The active, unexpired token whose key is ``key``, or None; records the time of use."""
     token = (
         ApiToken.objects.select_related("user")
         .filter(key_hash=hash_key(key), revoked_at=None)
         .first()
     )
     if token is None or not token.user.is_active:
+        return None
+    if token.is_expired:  # COSCHED["TOKEN_EXPIRY_DAYS"] after creation, when set
         return None
     now = timezone.now()
     if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:

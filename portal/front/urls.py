@@ -17,4 +17,6 @@ urlpatterns = [
     path("account/", views.account, name="account"),
     path("account/tokens/", views.token_new, name="token_new"),
     path("account/tokens/<int:token_id>/revoke/", views.token_revoke_view, name="token_revoke"),
+    path("docs/", views.docs, name="docs"),
+    path("docs/<path:path>", views.docs, name="docs_page"),
 ]

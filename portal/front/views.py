@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -14,7 +16,8 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.core import selectors
-from portal.core.models import Job, Node
+from portal.core.models import Job, Node, PolicySettings
+from portal.core.policy_settings import validate_policy_settings
 from portal.core.services import IdempotencyConflict, job_cancel, job_submit
 from portal.core.states import IllegalTransition, JobState
 from portal.front import profile_metrics
@@ -23,6 +26,15 @@ from portal.front.models import ApiToken
 from portal.front.services import token_create, token_revoke
 
 JOBS_PER_PAGE = 25
+QUEUE_ROWS = 50
+# The cluster page's plot time ranges: key -> (label, seconds).
+TIME_RANGES = {
+    "15m": ("15 min", 900),
+    "1h": ("1 hour", 3600),
+    "6h": ("6 hours", 6 * 3600),
+    "24h": ("24 hours", 24 * 3600),
+    "7d": ("7 days", 7 * 24 * 3600),
+}
 PROFILES_PER_PAGE = 25
 
 
@@ -109,7 +121,8 @@ def job_new(request: HttpRequest) -> HttpResponse:
             form.add_error(None, f"This form was already submitted as job #{exc.job.pk}.")
         else:
             if created:
-                messages.success(request, f"Job #{job.pk} submitted; it is {job.state}.")
+                note = f" Note: {job.waiting_reason}." if job.waiting_reason else ""
+                messages.success(request, f"Job #{job.pk} submitted; it is {job.state}.{note}")
             else:
                 messages.info(request, f"This form was already submitted as job #{job.pk}.")
             return redirect("job_detail", job_id=job.pk)
@@ -217,10 +230,23 @@ def cluster(request: HttpRequest) -> HttpResponse:
         .values_list("state")
         .annotate(n=Count("id"))
     )
+    range_key = request.GET.get("range") if request.GET.get("range") in TIME_RANGES else "1h"
+    active = PolicySettings.objects.filter(active=True).first()
+    policy_errors = (
+        validate_policy_settings(active.policy, active.params, trial=False) if active else {}
+    )
+    queue, queue_total = selectors.queue_for(request.user, limit=QUEUE_ROWS)
     return render(
         request,
         "front/cluster.html",
         {
+            "queue": queue,
+            "queue_total": queue_total,
+            "active_policy": active,
+            "policy_errors": policy_errors,
+            "ranges": [(key, label) for key, (label, _s) in TIME_RANGES.items()],
+            "range_key": range_key,
+            "window_s": TIME_RANGES[range_key][1],
             "nodes": nodes,
             "gpu_count": sum(len(node.gpus.all()) for node in nodes),
             "backends": sorted(
@@ -275,3 +301,22 @@ def token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
     token_revoke(token)
     messages.success(request, f'Token "{token.name}" revoked; it no longer works.')
     return redirect("account")
+
+
+# -- the documentation site -------------------------------------------------------------------
+
+
+def docs(request: HttpRequest, path: str = "") -> HttpResponse:
+    """The built docs site (``make docs``) at /docs/; a page saying how to build it if it is
+    missing. Public, like any manual."""
+    from django.conf import settings
+    from django.views.static import serve
+
+    root = Path(settings.DOCS_SITE_DIR)
+    if not (root / "index.html").is_file():
+        return render(request, "front/docs_missing.html", {"docs_dir": root}, status=503)
+    if path == "" or path.endswith("/"):
+        path += "index.html"
+    elif (root / path).is_dir():
+        return redirect(request.path + "/")
+    return serve(request, path, document_root=str(root))

@@ -42,7 +42,8 @@ Feasibility rules (all policies built on this class):
   positive, finite time are feasible (``profiled_models_only``; an unprofiled model has no
   run time to simulate).
 - A GPU running jobs under EXCLUSIVE (or with no mode recorded) takes no more jobs. Under MPS or
-  TIME_SLICING it takes up to ``max_jobs_per_gpu`` jobs, all under that mode; under MIG a job
+  TIME_SLICING it takes up to ``max_jobs_per_gpu`` jobs, all under that mode (under MPS only
+  jobs of the residents' owner: one MPS server serves one unix user); under MIG a job
   takes the smallest instance profile whose memory covers its need and whose compute slices are
   still free (``mig_total_slices - mig_slices_used``).
 - An idle GPU gets the policy's fresh mode: EXCLUSIVE for exclusive policies; for co-locating
@@ -112,6 +113,13 @@ framework_defaults: dict[str, Any] = {
     "interference_params": None,
     "colocation_check": "measured",
 }
+
+
+def mps_owners(jobs: Sequence[JobSpec]) -> tuple[str | None, ...]:
+    """The distinct owners of ``jobs`` (sorted, None first). MPS serves one unix user at a
+    time per GPU (ALGORITHMS §4): a job may join an MPS GPU only when this is its own owner
+    alone; jobs without an owner (traces) count as one anonymous user."""
+    return tuple(sorted({j.owner for j in jobs}, key=lambda o: (o is not None, o or "")))
 
 
 def gb(mb: float) -> str:
@@ -419,7 +427,9 @@ class WorkingView:
         if gpu.mode is None or gpu.mode == SharingMode.EXCLUSIVE:
             return None  # owned: takes no more jobs
         residents = tuple(sorted(job_type_key(j) for j in gpu.jobs))
-        return (gpu.sid, gpu.mode, residents, gpu.committed_mb, gpu.mig_used)
+        # MPS serves one unix user per GPU: the residents' owners are part of the situation.
+        owners = mps_owners(gpu.jobs) if gpu.mode == SharingMode.MPS else None
+        return (gpu.sid, gpu.mode, residents, gpu.committed_mb, gpu.mig_used, owners)
 
     def _add_to_pool(self, gpu: WorkGpu) -> None:
         key = self._shared_key(gpu)
@@ -614,6 +624,7 @@ class FrameworkPolicy(Policy):
             self.allowed_models(job),
             self.feasibility_key(job),
             job_type_key(job) if self.colocation_check is not None and job.gpus == 1 else None,
+            job.owner,  # MPS GPUs take one owner's jobs: owners fit differently
         )
 
     def feasibility_key(self, job: JobSpec) -> Any:
@@ -795,10 +806,12 @@ class FrameworkPolicy(Policy):
         rejected: list[tuple[int, int, str]] = []
         limit = int(self.params.get("max_jobs_per_gpu", 2))
         for key, pool in view.shared_pools.items():
-            sid, mode, residents, committed, _mig_used = key
+            sid, mode, residents, committed, _mig_used, owners = key
             spec = view.specs[sid]
             if allowed is not None and spec.model not in allowed:
                 continue
+            if owners is not None and owners != (job.owner,):
+                continue  # another user's MPS server holds the GPU
             mig = None
             if mode == SharingMode.MIG:
                 mig = _smallest_mig_profile(spec, need, pool[0].free_mig_slices())
@@ -905,6 +918,16 @@ class FrameworkPolicy(Policy):
                 text += (
                     f"; {gpus} shared GPU(s) with room rejected because the pair cannot co-run "
                     f"({model_name} interference: infeasible, e.g. {rejected[0][1]})"
+                )
+            other_users = sum(
+                len(pool)
+                for key, pool in view.shared_pools.items()
+                if key[5] is not None and key[5] != (job.owner,)
+            )
+            if other_users and job.gpus == 1:
+                text += (
+                    f"; {other_users} MPS GPU(s) serve another user's jobs (MPS serves one "
+                    "user per GPU)"
                 )
             mig_free = [
                 view.specs[key[0]].mig_total_slices - key[4]

@@ -27,7 +27,16 @@ POLICIES: dict[str, str] = {
     "exec_plan": "scheduler.policies.exec_plan:ExecPlanPolicy",
     "placement_rate+exec_plan": "scheduler.policies.exec_plan:PlacementRateExecPlan",
     "all_gpu+exec_plan": "scheduler.policies.exec_plan:AllGpuExecPlan",
-    # Later: "coscheml", "kscheduler", "sharing_mode", "slowdown_dr", "elastic".
+    "coscheml": "scheduler.policies.coscheml:CoschemlPolicy",
+    "sharing_mode": "scheduler.policies.sharing_mode:SharingModePolicy",
+    "byscale": "scheduler.policies.sharing_mode:ByScalePolicy",
+    "sharing_random": "scheduler.policies.sharing_mode:SharingRandomPolicy",
+    "kscheduler": "scheduler.policies.kscheduler:KSchedulerPolicy",
+    "even_partition": "scheduler.policies.kscheduler:EvenPartitionPolicy",
+    "warped_slicer": "scheduler.policies.kscheduler:WarpedSlicerPolicy",
+    "sharing_pipeline": "scheduler.policies.sharing_chain:SharingPipelinePolicy",
+    "sharing_chain": "scheduler.policies.sharing_chain:SharingChainPolicy",
+    # Later: "slowdown_dr", "elastic".
 }
 
 #: ``<name>+exec_plan`` works for any registered placement policy ``name`` (the execution plan

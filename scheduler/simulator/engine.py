@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from itertools import count
 
+from scheduler.catalog import MigLayoutError
 from scheduler.cluster_spec import ClusterSpec
 from scheduler.domain import (
     ActionKind,
@@ -61,10 +62,11 @@ from scheduler.simulator.results import (
     SlowdownSample,
     TimelinePoint,
 )
+from scheduler.simulator.sharing import MigBook
 
 # Event kinds; the number orders simultaneous events (completions free memory before the OOM
 # checks, and both before arrivals and ticks).
-_JOB, _OOM, _ARRIVAL, _TICK, _SAMPLE = 0, 1, 2, 3, 4
+_JOB, _OOM, _ARRIVAL, _TICK, _SAMPLE, _READY = 0, 1, 2, 3, 4, 5
 _MEM_TOL_MB = 1e-3  # memory may exceed capacity by this much (float noise) before an OOM
 
 _PENDING, _RUNNING, _DONE = "pending", "running", "done"
@@ -101,6 +103,7 @@ class _Job:
         "rj_version",
         "waiting",
         "target",
+        "ready_at",
     )
 
     def __init__(self, spec: JobSpec, seq: int) -> None:
@@ -130,6 +133,7 @@ class _Job:
         self.paused_total = 0.0
         self.rj_version = 0
         self.target = 1.0  # progress at its next scheduled event (a step boundary or 1)
+        self.ready_at = 0.0  # no progress before this time (a MIG instance being created)
         # Memory phases as segments (start, end, from_mb, to_mb); bounds = starts.
         steps = spec.profile.memory_steps if spec.profile is not None else ()
         self.const_mem = spec.memory_need_mb()
@@ -247,6 +251,8 @@ class Simulator:
             self.nodes.append(node)
             self.node_by_name[node.name] = node
         self.gpu_count = sum(len(n.gpus) for n in self.nodes)
+        # MIG instances per GPU (sharing hook: scheduler.simulator.sharing.MigBook).
+        self.mig = MigBook(self.config.mig_relayout_s)
 
         self.now = 0.0
         self.heap: list[tuple] = []
@@ -327,6 +333,9 @@ class Simulator:
                     trigger = True
                     if self._alive():
                         self._push(t + interval, _TICK, None)
+                elif kind == _READY:
+                    if obj.status == _RUNNING and obj.ready_at <= t:  # its MIG instance is up
+                        self.touched_jobs.add(obj)
                 else:
                     sample = True
             rounds = 0
@@ -353,7 +362,10 @@ class Simulator:
 
     def _active(self) -> bool:
         """Whether a job still arrives or makes progress."""
-        return bool(self.arrivals_left) or any(j.rate > 0.0 for j in self.running.values())
+        now = self.now
+        return bool(self.arrivals_left) or any(
+            j.rate > 0.0 or j.ready_at > now for j in self.running.values()
+        )
 
     def _alive(self) -> bool:
         """Whether anything can still happen (else ticks and samples stop)."""
@@ -472,6 +484,7 @@ class Simulator:
             gpu.jobs.remove(job)
             if job.placement is not None and job.placement.mig_profile:
                 gpu.mig_used -= self._mig_slices(gpu, job.placement.mig_profile)
+                self.mig.release((gpu.node.name, gpu.index), job.spec.id)
             if not gpu.jobs:
                 gpu.mode = None
             self.touched_gpus.add(gpu)
@@ -564,7 +577,7 @@ class Simulator:
 
     def _rate(self, job: _Job) -> tuple[float, _Gpu | None]:
         """(progress per second, GPU whose co-location is infeasible or None)."""
-        if job.paused:
+        if job.paused or job.ready_at > self.now:
             return 0.0, None
         base = 1.0 / job.solo_s if job.solo_s > 0 else math.inf
         factor = 1.0
@@ -577,6 +590,14 @@ class Simulator:
 
     def _gpu_factor(self, job: _Job, gpu: _Gpu) -> float:
         mode = gpu.mode
+        # Sharing hook: a model that needs placements (MPS percentages, MIG instances)
+        # answers for every mode (scheduler.simulator.sharing.SharingModel).
+        by_placement = getattr(self.interference, "gpu_factor", None)
+        if by_placement is not None:
+            co = [(j.spec, j.placement) for j in gpu.jobs if j is not job and not j.paused]
+            return by_placement(
+                job.spec, job.placement, gpu.spec, mode, co, self.config.context_switch_overhead
+            )
         if mode == SharingMode.MIG:
             slices = self._mig_slices(gpu, job.placement.mig_profile)  # type: ignore[union-attr]
             total = gpu.spec.mig_total_slices or slices
@@ -821,11 +842,22 @@ class Simulator:
             gpu.mode = pl.mode
             if pl.mode == SharingMode.MIG:
                 gpu.mig_used += self._mig_slices(gpu, pl.mig_profile)
+                self._mig_place(job, gpu, pl)
             self.touched_gpus.add(gpu)
         self.touched_jobs.add(job)
         self.running[pl.job_id] = job
         self.rj_dirty.add(job)
         self.running_tuple = None
+
+    def _mig_place(self, job: _Job, gpu: _Gpu, pl: Placement) -> None:
+        """Sharing hook: the job takes a MIG instance; creating one delays its start."""
+        try:
+            delay = self.mig.place((gpu.node.name, gpu.index), gpu.spec, job.spec.id, pl)
+        except MigLayoutError as exc:
+            raise PolicyDecisionError(self.policy_name, pl.job_id, str(exc)) from exc
+        if delay > 0:
+            job.ready_at = max(job.ready_at, self.now + delay)
+            self._push(job.ready_at, _READY, job)
 
     def _count_live(self, node: _Node, delta: int) -> None:
         n = self.live_nodes.get(node, 0) + delta
@@ -853,6 +885,13 @@ class Simulator:
             if gpu.mode != pl.mode:
                 raise PolicyDecisionError(
                     name, pl.job_id, f"asks for {pl.mode} on {label}, which runs in {gpu.mode}"
+                )
+            if pl.mode == SharingMode.MPS and any(j.spec.owner != job.spec.owner for j in gpu.jobs):
+                raise PolicyDecisionError(
+                    name,
+                    pl.job_id,
+                    f"puts owner {job.spec.owner!r} under MPS on {label} next to another owner's "
+                    "jobs (MPS serves one unix user per GPU)",
                 )
         if pl.mode == SharingMode.MIG:
             profile = next((p for p in gpu.spec.mig_profiles if p.name == pl.mig_profile), None)
@@ -921,6 +960,7 @@ class Simulator:
                     used_memory_mb=used,
                     util_pct=100.0 * g.util,
                     mig_slices_used=g.mig_used,
+                    mig_layout=self.mig.layout((node.name, g.index)),
                 )
             )
         return NodeState(

@@ -51,7 +51,10 @@ class SimConfig:
     - ``reschedule_interval_s``: also call the policy every so many seconds (None: only on
       arrivals, completions and failures).
     - ``mig_speed_exponent``: a MIG instance with ``s`` of ``S`` compute slices runs a job at
-      ``(s / S) ** exponent`` of its whole-GPU solo speed (1.0: linear in slices).
+      ``(s / S) ** exponent`` of its whole-GPU solo speed (1.0: linear in slices). The
+      ``sharing`` interference model replaces this with the job's sensitivity.
+    - ``mig_relayout_s``: seconds a job waits when its MIG instance must be created first (a
+      new instance, or a re-layout the placement asks for; ``scheduler.simulator.sharing``).
     - ``requeue_keeps_progress``: a job a policy requeues (REQUEUE action) resumes where it
       stopped (checkpointed); an OOM restart always starts over.
     - ``snapshot_progress_step``: ``RunningJob.progress`` in snapshots is refreshed when the
@@ -68,6 +71,7 @@ class SimConfig:
     max_oom_restarts: int = 3
     reschedule_interval_s: float | None = None
     mig_speed_exponent: float = 1.0
+    mig_relayout_s: float = 10.0
     requeue_keeps_progress: bool = True
     snapshot_progress_step: float = 0.01
     sample_interval_s: float | None = None

@@ -39,7 +39,7 @@
 
   function baseLayout(yTitle, extra) {
     var layout = {
-      margin: { l: 55, r: 15, t: 10, b: 40 },
+      margin: { l: 55, r: 15, t: 30, b: 40 },
       height: 280,
       xaxis: { type: "date" },
       yaxis: { title: { text: yTitle }, rangemode: "tozero" },
@@ -52,7 +52,11 @@
     return layout;
   }
 
-  var CONFIG = { displaylogo: false, responsive: true };
+  // The toolbar shows only while the pointer is over a plot (CSS keeps it above the curves).
+  var CONFIG = { displaylogo: false, responsive: true, displayModeBar: "hover" };
+  // Legends list at most this many series (the highest latest values); the rest are drawn
+  // and named on hover, so a legend never outgrows its plot.
+  var LEGEND_MAX = 8;
 
   // Draws traces in the container `id`, or shows its empty state when there is nothing to draw.
   function draw(id, traces, layout) {
@@ -67,14 +71,36 @@
   }
 
   function lineTraces(body, opts) {
-    return body.series.filter(function (s) { return s.points > 0; }).map(function (s, i) {
+    var drawn = body.series.filter(function (s) { return s.points > 0; });
+    var last = function (s) { return s.v[s.v.length - 1]; };
+    var ranked = drawn.slice().sort(function (a, b) { return last(b) - last(a); });
+    var inLegend = {};
+    ranked.slice(0, LEGEND_MAX).forEach(function (s) { inLegend[s.label] = true; });
+    return drawn.map(function (s, i) {
       var trace = {
         x: s.t, y: s.v, name: s.label, type: "scatter", mode: s.points > 1 ? "lines" : "markers",
-        line: { width: 1.8, color: COLORS[i % COLORS.length] }, marker: { color: COLORS[i % COLORS.length] }
+        line: { width: 1.8, color: COLORS[i % COLORS.length] }, marker: { color: COLORS[i % COLORS.length] },
+        showlegend: !!inLegend[s.label], hovertemplate: "%{fullData.name}: %{y:.2f}<extra></extra>"
       };
+      if (!inLegend[s.label]) trace.line.width = 1;
       if (opts && opts[s.metric]) Object.keys(opts[s.metric]).forEach(function (k) { trace[k] = opts[s.metric][k]; });
       return trace;
     });
+  }
+
+  // The legend's note: how many series are drawn but left out of it.
+  function legendNote(id, traces) {
+    var hidden = traces.filter(function (t) { return t.showlegend === false; }).length;
+    var node = el(id + "-legend-note");
+    if (!node) return;
+    node.hidden = hidden === 0;
+    node.textContent = hidden ? "Legend: the " + LEGEND_MAX + " highest; " + hidden + " more on hover." : "";
+  }
+
+  function withWindow(url) {
+    var w = root.dataset.windowS;
+    if (!w) return url;
+    return url + (url.indexOf("?") >= 0 ? "&" : "?") + "window_s=" + w;
   }
 
   function jobRefsHtml(refs) {
@@ -129,20 +155,69 @@
     });
   }
 
+  // "4 minutes", like the server's timesince, for the queue's waiting column.
+  function waited(iso) {
+    var s = Math.max(0, (Date.now() - new Date(iso).getTime()) / 1000);
+    if (s < 60) return Math.round(s) + " seconds";
+    if (s < 3600) return Math.round(s / 60) + " minutes";
+    if (s < 86400) return (s / 3600).toFixed(1) + " hours";
+    return (s / 86400).toFixed(1) + " days";
+  }
+
+  function updateQueue(body) {
+    setText("queue-count", body.count + " pending");
+    var rows = el("queue-rows");
+    if (!rows) return;
+    var staff = el("queue-table").dataset.staff === "1";
+    rows.innerHTML = body.results.map(function (r) {
+      var job = r.id === null ? '<span class="muted">another user\'s job</span>'
+        : '<a href="/jobs/' + r.id + '/">#' + r.id + " " + escapeHtml(r.name) + "</a>";
+      return "<tr" + (r.mine ? ' class="mine"' : "") + '><td class="num">' + r.position + "</td><td>" + job + "</td>" +
+        (staff ? "<td>" + escapeHtml(r.owner || "") + "</td>" : "") +
+        '<td class="num">' + r.gpus + '</td><td class="num">' + r.cpus + '</td><td class="num">' + r.priority + "</td>" +
+        '<td><time datetime="' + escapeHtml(r.submitted_at) + '">' + waited(r.submitted_at) + "</time></td>" +
+        '<td class="waiting-reason">' + escapeHtml(r.waiting_reason || "not looked at by the scheduler yet") + "</td></tr>";
+    }).join("");
+    el("queue-table").hidden = body.results.length === 0;
+    el("queue-empty").hidden = body.results.length > 0;
+    var more = el("queue-more");
+    more.hidden = body.count <= body.results.length;
+    more.textContent = "Showing the first " + body.results.length + " of " + body.count + ".";
+  }
+
+  var rangeSelect = el("plot-range");
+  if (rangeSelect) {
+    var seconds = { "15m": 900, "1h": 3600, "6h": 21600, "24h": 86400, "7d": 604800 };
+    rangeSelect.addEventListener("change", function () {
+      root.dataset.windowS = String(seconds[rangeSelect.value] || 3600);
+      if (window.history && window.history.replaceState) {
+        window.history.replaceState(null, "", "?range=" + encodeURIComponent(rangeSelect.value));
+      }
+      pollCluster().catch(function (err) { if (window.console) console.warn(err); });
+    });
+  }
+
   function pollCluster() {
     var d = root.dataset;
     return Promise.all([
       getJSON(d.urlOverview).then(updateOverview),
-      getJSON(d.urlGpuUtil).then(function (b) {
-        draw("plot-gpu-util", lineTraces(b), baseLayout("utilisation (%)", { yaxis: { title: { text: "utilisation (%)" }, range: [0, 105] } }));
+      getJSON(d.urlQueue).then(updateQueue),
+      getJSON(withWindow(d.urlGpuUtil)).then(function (b) {
+        var traces = lineTraces(b);
+        draw("plot-gpu-util", traces, baseLayout("utilisation (%)", { yaxis: { title: { text: "utilisation (%)" }, range: [0, 105] } }));
+        legendNote("plot-gpu-util", traces);
       }),
-      getJSON(d.urlGpuMemory).then(function (b) {
-        draw("plot-gpu-memory", lineTraces(b), baseLayout("memory used (MB)"));
+      getJSON(withWindow(d.urlGpuMemory)).then(function (b) {
+        var traces = lineTraces(b);
+        draw("plot-gpu-memory", traces, baseLayout("memory used (MB)"));
+        legendNote("plot-gpu-memory", traces);
       }),
-      getJSON(d.urlJobSlowdown).then(function (b) {
-        draw("plot-job-slowdown", lineTraces(b), baseLayout("Slow-Down"));
+      getJSON(withWindow(d.urlJobSlowdown)).then(function (b) {
+        var traces = lineTraces(b);
+        draw("plot-job-slowdown", traces, baseLayout("Slow-Down"));
+        legendNote("plot-job-slowdown", traces);
       }),
-      getJSON(d.urlClusterSeries).then(function (b) {
+      getJSON(withWindow(d.urlClusterSeries)).then(function (b) {
         var traces = lineTraces(b, { queue_length: { yaxis: "y2", line: { width: 1.2, dash: "dot", color: "#667085" } } });
         draw("plot-sd-max-diff", traces, baseLayout("SD_max_diff", {
           margin: { l: 55, r: 55, t: 10, b: 40 },
@@ -184,6 +259,11 @@
           badge.textContent = job.state;
           badge.className = "state state-" + job.state.toLowerCase();
         }
+        var waiting = el("job-waiting-reason");
+        if (waiting) {
+          waiting.hidden = job.state !== "PENDING";
+          if (job.waiting_reason) setText("job-waiting-text", job.waiting_reason);
+        }
       }),
       getJSON(d.urlJobSlowdown).then(function (b) {
         var slowdown = b.series.filter(function (s) { return s.metric === "slowdown"; });
@@ -217,6 +297,8 @@
         window.setTimeout(tick, document.hidden ? pollMs * 4 : pollMs);
       });
   }
-  if (page === "cluster") drawInterference().catch(function (err) { if (window.console) console.warn(err); });
+  // The cluster page now draws predicted vs measured interference with interference.js; the
+  // class-based heatmap is drawn only where a page still names its endpoint.
+  if (page === "cluster" && root.dataset.urlInterference) drawInterference().catch(function (err) { if (window.console) console.warn(err); });
   tick();
 })();

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from portal.core.models import Gpu, Node
@@ -33,10 +32,12 @@ def test_nodes_list_their_gpus(alice_api):
     ]
 
 
-def test_me_with_a_drf_token(alice):
-    token = Token.objects.create(user=alice)
+def test_me_with_a_named_token(alice):
+    from portal.front.services import token_create
+
+    _, key = token_create(alice, name="ci")
     client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     body = client.get("/api/v1/me/").json()
     assert body["username"] == "alice"
     assert body["is_staff"] is False

@@ -259,6 +259,8 @@ def test_retrieve_shows_the_active_placement(alice_api, alice):
     )
     placement.gpus.add(gpu)
     body = alice_api.get(f"{URL}{job.pk}/").json()
+    placed_at = body["placement"].pop("placed_at")
+    assert placed_at.startswith(placement.created_at.strftime("%Y-%m-%dT%H:%M"))
     assert body["placement"] == {
         "node": "gpu-1",
         "gpus": [1],
@@ -267,9 +269,38 @@ def test_retrieve_shows_the_active_placement(alice_api, alice):
         "mig_profile": "2g.12gb",
         "policy": "sharing_mode",
         "explanation": "small, high sensitivity: MIG 2g.12gb",
+        "active": True,
+        "released_at": None,
     }
     listed = alice_api.get(URL).json()["results"][0]
     assert listed["placement"]["node"] == "gpu-1"
+
+
+def test_a_finished_job_shows_where_it_ran_last(alice_api, alice):
+    from portal.core.models import Gpu, Node, Placement
+
+    node = Node.objects.create(name="gpu-1", kind="gpu", cores=16)
+    gpu = Gpu.objects.create(node=node, index=0, model="V100", memory_mb=16384)
+    job = _submit(alice, gpus=1)
+    first = Placement.objects.create(job=job, node=node, policy="fifo", explanation="first")
+    first.gpus.add(gpu)
+    services.job_transition(job, "SCHEDULED", actor="scheduler")
+    services.job_transition(job, "PENDING", actor="scheduler", message="node lost")
+    second = Placement.objects.create(job=job, node=node, policy="fifo", explanation="second")
+    second.gpus.add(gpu)
+    services.job_transition(job, "SCHEDULED", actor="scheduler")
+    services.job_transition(job, "RUNNING", actor="node:gpu-1")
+    services.job_transition(job, "COMPLETED", actor="node:gpu-1", exit_code=0)
+    for body in (alice_api.get(f"{URL}{job.pk}/").json(), alice_api.get(URL).json()["results"][0]):
+        assert body["state"] == "COMPLETED"
+        assert body["placement"]["explanation"] == "second"
+        assert body["placement"]["active"] is False
+        assert body["placement"]["released_at"] is not None
+        assert body["placement"]["gpus"] == [0]
+        assert body["waiting_reason"] is None
+    detail = alice_api.get(f"{URL}{job.pk}/").json()
+    assert [p["explanation"] for p in detail["placements"]] == ["second", "first"]
+    assert not any(p["active"] for p in detail["placements"])
 
 
 def test_cancel_a_pending_job(alice_api, alice):

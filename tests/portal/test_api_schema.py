@@ -86,3 +86,24 @@ def test_schema_generates_without_warnings(tmp_path):
 
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "s.yml"))
     assert "Idempotency-Key" in (tmp_path / "s.yml").read_text()
+
+
+def test_the_job_contract_in_the_schema(schema):
+    """What the fuzz checks answers against: ``command`` is required in a submission (blank
+    only with a container image), nullable fields say so, bounds are in the schema."""
+    components = schema["components"]["schemas"]
+    job = components["Job"]["properties"]
+    assert {"name", "command"} <= set(components["Job"]["required"])
+    assert not job["command"].get("readOnly") and job["gpus"]["maximum"] == 4096
+    assert job["waiting_reason"]["nullable"] is True
+    assert job["placement"]["nullable"] is True
+    assert components["Profile"]["properties"]["approved_by"]["nullable"] is True
+
+
+def test_the_import_error_shape_is_documented(schema):
+    post = schema["paths"]["/api/v1/profiles/import/"]["post"]
+    ref = post["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
+    shape = schema["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert set(shape["required"]) == {"detail", "errors"}
+    row = schema["components"]["schemas"]["RowError"]["properties"]
+    assert row["row"]["nullable"] is True and set(row) == {"row", "field", "message"}

@@ -173,7 +173,8 @@ def test_wait_exits_0_when_the_job_completes_and_logs_each_state_change():
     code, out, err = wait(client)
     assert code == cli.EXIT_OK
     assert out == "Job 7 COMPLETED (exit code 0)\n"
-    assert err == "job 7: PENDING\njob 7: RUNNING\njob 7: COMPLETED\n"  # no spinner off a TTY
+    # No spinner off a TTY: one line per change, with the time waited.
+    assert err == "job 7: PENDING after 0s\njob 7: RUNNING after 3s\njob 7: COMPLETED after 9s\n"
 
 
 def test_wait_exits_1_with_the_failure_reason():
@@ -248,7 +249,11 @@ def test_round_trip_submit_then_see_the_job_in_the_api_the_page_and_the_cli(
 
     listing = run_cli("jobs", url=server.url, token=server.key)
     assert listing.code == 0
-    assert re.search(rf"^{job_id}\s+PENDING\s+hpc\s+1\s+.*lammps-nightly$", listing.out, re.M)
+    assert re.search(
+        rf"^{job_id}\s+PENDING\s+hpc\s+1\s+.*lammps-nightly\s+no node is registered yet",
+        listing.out,
+        re.M,
+    )
     assert (
         "No jobs in state RUNNING."
         in run_cli("jobs", "--state", "running", url=server.url, token=server.key).out
@@ -322,7 +327,7 @@ def test_a_profile_may_be_named_in_the_job_file(server, tmp_path):
     assert Job.objects.get(pk=int(result.out)).profile == profile
     job_file.write_text("name: md\ncommand: lmp\nprofile: NoSuchApp\n")
     unknown = run_cli("submit", str(job_file), url=server.url, token=server.key)
-    assert unknown.code == 2 and "no approved profile has this name" in unknown.err
+    assert unknown.code == 2 and "profile: no profile is named 'NoSuchApp'" in unknown.err
 
 
 @pytest.mark.django_db(transaction=True)
@@ -348,3 +353,120 @@ def test_auth_not_found_and_connection_errors(server, alice, bob):
     )
     assert down.code == cli.EXIT_SERVER
     assert "connection refused" in down.err and "Traceback" not in down.err
+
+
+# -- pipelines: logs, submit --wait, completion ----------------------------------------------------
+
+
+def test_new_log_text_follows_a_sliding_tail():
+    assert cli.new_log_text("", "a\nb\n") == "a\nb\n"
+    assert cli.new_log_text("a\nb\n", "a\nb\nc\n") == "c\n"
+    before = "".join(f"line {i}\n" for i in range(200))
+    after = "".join(f"line {i}\n" for i in range(50, 260))  # the tail slid by 50 lines
+    assert cli.new_log_text(before, after) == "".join(f"line {i}\n" for i in range(200, 260))
+    assert cli.new_log_text("x" * 2000, "y" * 100).startswith("[... output skipped")
+
+
+class LogClient(FakeClient):
+    def __init__(self, *bodies: dict) -> None:
+        super().__init__(*bodies)
+        self.paths: list[str] = []
+
+    def request(self, method, path, **kwargs):
+        self.paths.append(path)
+        return super().request(method, path, **kwargs)
+
+
+def test_logs_follow_prints_each_new_line_once_until_the_job_ends():
+    client = LogClient(
+        {"state": "RUNNING", "text": "epoch 1\n"},
+        {"state": "RUNNING", "text": "epoch 1\nepoch 2\n"},
+        {"state": "COMPLETED", "text": "epoch 1\nepoch 2\ndone\n"},
+    )
+    out, err = io.StringIO(), io.StringIO()
+    args = SimpleNamespace(id=7, follow=True, interval=1.0, json=False)
+    assert cli.cmd_logs(client, args, out, err) == cli.EXIT_OK
+    assert out.getvalue() == "epoch 1\nepoch 2\ndone\n"
+    assert err.getvalue() == "job 7 COMPLETED\n"
+    assert client.paths == ["/api/v1/jobs/7/log/"] * 3
+
+
+def test_wait_on_a_terminal_draws_one_progress_line_with_the_reason():
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    client = FakeClient(
+        {"state": "PENDING", "waiting_reason": "needs 1 V100; 0 free"},
+        {"state": "RUNNING"},
+        {"state": "COMPLETED", "exit_code": 0},
+    )
+    out, err = io.StringIO(), Tty()
+    args = SimpleNamespace(id=7, timeout=None, interval=3.0, json=False)
+    assert cli.cmd_wait(client, args, out, err, clock=lambda: client.now) == cli.EXIT_OK
+    screen = err.getvalue()
+    assert "\r\033[K| job 7 PENDING  0s  needs 1 V100; 0 free" in screen
+    assert "\r\033[Kjob 7: RUNNING after 3s\n" in screen  # each change stays on its own line
+    assert screen.endswith("\r\033[K")
+
+
+def test_completion_scripts_name_every_command():
+    script = cli.completion_script("bash")
+    assert "complete -o filenames -F _cosched cosched" in script
+    for command in ("submit", "status", "wait", "logs", "cancel", "jobs", "completion"):
+        assert f"        {command}) opts=" in script
+    assert "--wait" in script.split("submit) opts=")[1].split(";;")[0]
+    assert cli.completion_script("zsh").startswith("#compdef cosched\nautoload -U +X bashcompinit")
+    bash = subprocess.run(
+        [
+            "bash",
+            "-c",
+            script + '\nCOMP_WORDS=(cosched lo); COMP_CWORD=1; _cosched; echo "${COMPREPLY[@]}"',
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert bash.stdout.split() == ["logs"], bash.stderr
+
+
+def test_submit_help_documents_the_job_file():
+    help_text = cli.build_parser()._subparsers._group_actions[0].choices["submit"].format_help()
+    for field in ("name:", "command:", "profile:", "gpus:", "gpu_memory_mb:", "params:"):
+        assert field in help_text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_submit_wait_and_logs_against_the_server(server, alice, tmp_path):
+    from portal.core import metrics
+
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text("name: quick\ncommand: echo hi\n")
+    # Nobody runs the job here: --wait gives up at its timeout with the job still PENDING.
+    waited = run_cli(
+        "submit",
+        str(job_file),
+        "--wait",
+        "--timeout",
+        "0.5",
+        "--interval",
+        "0.2",
+        url=server.url,
+        token=server.key,
+    )
+    assert waited.code == cli.EXIT_TIMEOUT
+    job_id = int(re.match(r"Submitted job (\d+)", waited.out).group(1))
+    assert f"job {job_id}: PENDING after 0s" in waited.err and "still PENDING" in waited.err
+
+    metrics.log_tail_store(job_id, "hello from the node\n")
+    logs = run_cli("logs", str(job_id), url=server.url, token=server.key)
+    assert logs.code == 0 and logs.out == "hello from the node\n"
+    job = Job.objects.get(pk=job_id)
+    for state in (JobState.SCHEDULED, JobState.RUNNING):
+        job_transition(job, state, actor="test")
+    job_transition(job, JobState.COMPLETED, actor="test", exit_code=0)
+    followed = run_cli("logs", str(job_id), "-f", url=server.url, token=server.key)
+    assert followed.code == 0 and followed.out == "hello from the node\n"
+    assert followed.err.endswith(f"job {job_id} COMPLETED\n")
+    again = run_cli("submit", str(job_file), "--wait", url=server.url, token=server.key)
+    assert again.code == 0 and f"Job {job_id} COMPLETED (exit code 0)" in again.out

@@ -77,7 +77,7 @@ def test_dashboard_shows_live_values_jobs_and_down_nodes(client, alice, bob, _lo
     assert 'id="down-nodes"' in html and "gpu-gone" in html and 'class="node-down"' in html
     assert "73%" in html
     assert f'href="/jobs/{mine.pk}/">#{mine.pk} alice-train</a>' in html
-    assert "another user&#x27;s job" in html and "bob-secret" not in html
+    assert "another user's job" in html and "bob-secret" not in html
     for plot in ("gpu-util", "gpu-memory", "job-slowdown", "sd-max-diff", "interference"):
         assert f'id="plot-{plot}" data-points="0"' in html
     assert "No metrics yet: no job has run" in html
@@ -119,3 +119,79 @@ def test_plotly_is_served_from_our_static_files(client, alice):
     assert response.status_code == 200
     body = b"".join(response.streaming_content) if response.streaming else response.content
     assert b"plotly.js v" in body[:200]
+
+
+# -- the queue ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def queued(alice, bob):
+    from portal.core.models import Job
+    from portal.core.services import job_submit
+
+    mine, _ = job_submit(alice, name="alice-train", command="run", gpus=0, cpus=2)
+    theirs, _ = job_submit(bob, name="bob-secret-project", command="run", gpus=0, cpus=4)
+    Job.objects.filter(pk=mine.pk).update(waiting_reason="needs 2 free cores; cpu-1 has 0")
+    Job.objects.filter(pk=theirs.pk).update(waiting_reason="behind job ahead in FIFO order")
+    return mine, theirs
+
+
+def test_the_queue_shows_waiting_reasons_and_hides_other_users_jobs(client, alice, queued):
+    mine, theirs = queued
+    client.force_login(alice)
+    html = client.get("/cluster/").content.decode()
+    assert 'id="queue-count">2 pending<' in html
+    assert f"#{mine.pk} alice-train" in html and "needs 2 free cores; cpu-1 has 0" in html
+    assert "behind job ahead in FIFO order" in html and "another user's job" in html
+    assert "bob-secret-project" not in html and "bob" not in html.split('id="queue"')[1][:4000]
+
+
+def test_staff_see_every_queued_job_and_its_owner(client, staff, queued):
+    client.force_login(staff)
+    html = client.get("/cluster/").content.decode()
+    assert "bob-secret-project" in html and "<th>Owner</th>" in html
+
+
+def test_the_queue_api_hides_other_users_jobs(alice_api, staff_api, queued):
+    mine, theirs = queued
+    rows = alice_api.get("/api/v1/dashboard/queue/").json()["results"]
+    assert [(r["position"], r["id"], r["name"], r["owner"]) for r in rows] == [
+        (1, mine.pk, "alice-train", "alice"),
+        (2, None, None, None),
+    ]
+    assert rows[1]["waiting_reason"] == "behind job ahead in FIFO order" and rows[1]["cpus"] == 4
+    staff_rows = staff_api.get("/api/v1/dashboard/queue/?limit=1").json()
+    assert staff_rows["count"] == 2 and len(staff_rows["results"]) == 1
+    assert staff_rows["results"][0]["owner"] == "alice"
+
+
+def test_the_plots_have_a_time_range(client, alice):
+    Node.objects.create(name="cpu-1", kind="cpu", cores=4)
+    client.force_login(alice)
+    html = client.get("/cluster/?range=6h").content.decode()
+    assert 'data-window-s="21600"' in html
+    assert '<option value="6h" selected>6 hours</option>' in html
+    assert 'data-window-s="3600"' in client.get("/cluster/?range=bogus").content.decode()
+
+
+def test_an_invalid_active_policy_is_shown_with_its_error(client, alice, staff):
+    from portal.core.models import PolicySettings
+
+    PolicySettings.objects.create(name="bad", policy="binpack", params={"max_jobs_per_gpu": "lots"})
+    client.force_login(alice)
+    html = client.get("/cluster/").content.decode()
+    assert "The active policy configuration “bad” is invalid" in html
+    assert "must be a whole number" not in html  # details for staff
+    client.force_login(staff)
+    html = client.get("/cluster/").content.decode()
+    assert "<code>max_jobs_per_gpu</code>: must be a whole number, got &#x27;lots&#x27;" in html
+
+
+def test_a_valid_policy_is_named_without_alarm(client, alice):
+    from portal.core.models import PolicySettings
+
+    PolicySettings.objects.create(name="main", policy="placement_rate+exec_plan", params={})
+    client.force_login(alice)
+    html = client.get("/cluster/").content.decode()
+    assert "Policy in force:" in html and "<code>placement_rate+exec_plan</code>" in html
+    assert 'id="policy-error"' not in html

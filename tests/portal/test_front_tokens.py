@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from portal.front.models import ApiToken
@@ -98,9 +97,32 @@ def test_revoking_twice_changes_nothing(alice):
     assert token_revoke(token).revoked_at == first
 
 
-def test_drf_authtoken_keys_still_work(alice):
-    drf_token = Token.objects.create(user=alice)
-    assert api(drf_token.key).get("/api/v1/me/").status_code == 200
+def test_drf_plaintext_tokens_are_gone(alice):
+    """DRF's authtoken app (one plain-text key per user) is not installed: a 40-hex key of its
+    shape is refused with a message saying what a Cosched key looks like."""
+    from django.apps import apps
+
+    assert not apps.is_installed("rest_framework.authtoken")
+    response = api("0123456789abcdef0123456789abcdef01234567").get("/api/v1/me/")
+    assert response.status_code == 401
+    assert "start with cos_" in response.json()["detail"]
+
+
+def test_tokens_expire_when_an_expiry_is_set(alice, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    token, key = token_create(alice, name="ci")
+    assert token.expires_at is None
+    assert api(key).get("/api/v1/me/").status_code == 200
+    settings.COSCHED = {**settings.COSCHED, "TOKEN_EXPIRY_DAYS": 30}
+    ApiToken.objects.filter(pk=token.pk).update(created_at=timezone.now() - timedelta(days=31))
+    response = api(key).get("/api/v1/me/")
+    assert response.status_code == 401
+    assert "expired" in response.json()["detail"]
+    token.refresh_from_db()
+    assert token.is_expired and not token.is_active
 
 
 def test_token_pages_are_post_only(client, alice):

@@ -148,3 +148,18 @@ def test_celery_command_line_finds_the_app_with_dash_a_portal(tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"CELERY_BROKER_URL: '{redis_url}'" in done.stdout
+
+
+def test_rate_limit_counters_are_shared_through_redis_when_there_is_one(tmp_path):
+    """With REDIS_URL the cache (the API throttles' counters) is Redis, shared by every web
+    worker; without it, process memory."""
+    code = (
+        "import django; django.setup()\n"
+        "from django.conf import settings\n"
+        "print(settings.CACHES['default']['BACKEND'])\n"
+    )
+    env = {"COSCHED_DATA_DIR": str(tmp_path)}
+    shared = _python(code, {**env, "REDIS_URL": "redis://127.0.0.1:6379/13"})
+    assert shared.stdout.strip() == "django.core.cache.backends.redis.RedisCache", shared.stderr
+    local = _python(code, env)
+    assert local.stdout.strip() == "django.core.cache.backends.locmem.LocMemCache", local.stderr

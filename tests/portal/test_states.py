@@ -133,8 +133,8 @@ def test_a_resume_keeps_the_first_start_time(alice):
 
 @pytest.mark.django_db
 def test_requeue_counts_up_and_releases_the_placement(alice):
+    job = _job_in(alice, JobState.RUNNING)  # before the node: a CPU job a GPU node never admits
     node = Node.objects.create(name="n1", kind="gpu")
-    job = _job_in(alice, JobState.RUNNING)
     Placement.objects.create(job=job, node=node, policy="fifo")
     services.job_transition(job, "PENDING", actor="scheduler", message="node lost")
     services.job_transition(job, "SCHEDULED", actor="scheduler")
@@ -147,8 +147,8 @@ def test_requeue_counts_up_and_releases_the_placement(alice):
 
 @pytest.mark.django_db
 def test_a_terminal_transition_releases_the_placement(alice):
+    job = _job_in(alice, JobState.RUNNING)  # before the node: a CPU job a GPU node never admits
     node = Node.objects.create(name="n1", kind="gpu")
-    job = _job_in(alice, JobState.RUNNING)
     Placement.objects.create(job=job, node=node, policy="fifo")
     services.job_cancel(job, actor="user:alice")
     assert job.current_placement is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from scheduler.domain import ClusterState, SharingMode
 from scheduler.policies.registry import build_policy
@@ -69,9 +70,26 @@ def test_job_limit_per_gpu():
 
 
 def test_time_slicing_on_a_gpu_without_mps():
+    # Every catalogue model runs MPS (Kepler on): a site that allows time-slicing only on its
+    # P100s says so in the GPU's modes, as a cluster spec override does.
     state = _state([8.0, None], [job("a", 4), job("b", 4)], model="P100")
+    no_mps = (SharingMode.EXCLUSIVE, SharingMode.TIME_SLICING)
+    nodes = tuple(
+        replace(
+            n, gpus=tuple(replace(g, spec=replace(g.spec, sharing_modes=no_mps)) for g in n.gpus)
+        )
+        for n in state.nodes
+    )
+    state = replace(state, nodes=nodes)
     plan = _plan(state)
     assert {d.placement.mode for d in plan.decisions} == {SharingMode.TIME_SLICING}
+
+
+def test_p100_pairs_share_under_mps_not_time_slicing():
+    # The catalogue gives MPS to Kepler and later: co-located P100 jobs run concurrently.
+    state = ClusterState(0.0, (gpu_node("n0", "P100", 1),), pending=(job("a", 4), job("b", 4)))
+    plan = _plan(state)
+    assert [d.placement.mode for d in plan.decisions] == [SharingMode.MPS, SharingMode.MPS]
 
 
 def test_quotes_predicted_interference_when_configured():

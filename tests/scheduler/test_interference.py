@@ -165,7 +165,7 @@ def test_registry_builds_by_name_and_reports_unknown():
     assert isinstance(build_interference("measured"), MeasuredInterference)
     assert isinstance(build_interference("class_based", mm=2.0), ClassBasedInterference)
     assert build_interference("none").slowdown(_job("a"), [_job("b")], V100, MPS) == 1.0
-    with pytest.raises(InterferenceError, match="known: class_based, measured, none"):
+    with pytest.raises(InterferenceError, match="known: class_based, learned, measured, none"):
         build_interference("trained")
     with pytest.raises(InterferenceError, match="none"):
         build_interference("none", factor=2)

@@ -79,7 +79,11 @@ def test_mig_instance_runs_at_slice_share_without_interference():
     jobs = [job("a", 100.0, model="A30", mem=5000), job("b", 100.0, model="A30", mem=5000)]
     policy = FirstFit(SharingMode.MIG, per_gpu=4, mig_profile="1g.6gb")
     result = simulate(
-        a30, jobs, policy, interference=FixedSlowdown(3.0), config=SimConfig(mig_speed_exponent=1.0)
+        a30,
+        jobs,
+        policy,
+        interference=FixedSlowdown(3.0),
+        config=SimConfig(mig_speed_exponent=1.0, mig_relayout_s=0.0),
     )
     slices = 1 / 4  # 1g of the A30's 4 compute slices
     for r in result.jobs:

@@ -26,9 +26,27 @@ NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
 NVML_ERROR_UNKNOWN = 999
 NVML_DEVICE_MIG_DISABLE = 0
 NVML_DEVICE_MIG_ENABLE = 1
+# GPU- and compute-instance profile ids, pynvml's values (slices -> id).
+NVML_GPU_INSTANCE_PROFILE_1_SLICE = 0
+NVML_GPU_INSTANCE_PROFILE_2_SLICE = 1
+NVML_GPU_INSTANCE_PROFILE_3_SLICE = 2
+NVML_GPU_INSTANCE_PROFILE_4_SLICE = 3
+NVML_GPU_INSTANCE_PROFILE_7_SLICE = 4
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1 = 7
+NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE = 0
+NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE = 1
+NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE = 2
+NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE = 3
+NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE = 4
+NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0
+#: An A30's GPU-instance profiles: id -> (slices, memory MB, name).
+A30_GI_PROFILES = {0: (1, 5952, "1g.6gb"), 1: (2, 11904, "2g.12gb"), 3: (4, 23808, "4g.24gb")}
 
 _NAMES = {
     NVML_ERROR_UNINITIALIZED: "Uninitialized",
@@ -39,6 +57,9 @@ _NAMES = {
     NVML_ERROR_DRIVER_NOT_LOADED: "DriverNotLoaded",
     NVML_ERROR_LIBRARY_NOT_FOUND: "LibraryNotFound",
     NVML_ERROR_GPU_IS_LOST: "GpuIsLost",
+    NVML_ERROR_RESET_REQUIRED: "ResetRequired",
+    NVML_ERROR_IN_USE: "InUse",
+    NVML_ERROR_INSUFFICIENT_RESOURCES: "InsufficientResources",
     NVML_ERROR_UNKNOWN: "Unknown",
 }
 
@@ -92,8 +113,11 @@ class FakeGpu:
     sm_count: int | None = 80
     processes: dict[int, float | None] = field(default_factory=dict)  # pid -> MB (None: hidden)
     mig_enabled: bool | None = None  # None: MIG not supported on this model
+    mig_pending: bool | None = None  # MIG mode after the next reset (None: as now)
     migs: dict[int, FakeMig] = field(default_factory=dict)  # slot -> instance
     max_mig_slots: int = 7
+    mig_slices: int = 4  # compute slices the fake hands out to GPU instances
+    gi_profiles: dict[int, tuple[int, float, str]] = field(default_factory=dict)  # see A30_...
     unsupported: set[str] = field(default_factory=set)  # on this GPU and its MIG instances
     failing: dict[str, int] = field(default_factory=dict)  # on this GPU's own handle only
 
@@ -102,6 +126,21 @@ class FakeGpu:
 class _Handle:
     gpu: FakeGpu
     mig: FakeMig | None = None
+
+
+@dataclass(frozen=True)
+class _Instance:
+    gpu: FakeGpu
+    slot: int
+
+
+def _slices_used(gpu: FakeGpu) -> int:
+    total = 0
+    for mig in gpu.migs.values():
+        for slices, _mb, name in gpu.gi_profiles.values():
+            if mig.name.endswith(f"MIG {name}"):
+                total += slices
+    return total
 
 
 class FakeNvml:
@@ -114,6 +153,8 @@ class FakeNvml:
         self.init_error = init_error
         self.initialised = False
         self.shutdown_calls = 0
+        self.created: list[str] = []  # MIG instances created, by profile
+        self.destroyed: list[str] = []
         for name, value in globals().items():
             if name.startswith("NVML_") or name.startswith("NVMLError_"):
                 setattr(self, name, value)
@@ -199,13 +240,6 @@ class FakeNvml:
         self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
         return self._procs(handle.mig.processes if handle.mig else handle.gpu.processes)
 
-    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
-        self._enter("nvmlDeviceGetMigMode", handle)
-        if handle.gpu.mig_enabled is None:
-            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        mode = NVML_DEVICE_MIG_ENABLE if handle.gpu.mig_enabled else NVML_DEVICE_MIG_DISABLE
-        return [mode, mode]
-
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
         self._enter("nvmlDeviceGetMaxMigDeviceCount", handle)
         if handle.gpu.mig_enabled is None:
@@ -231,3 +265,83 @@ class FakeNvml:
         if handle.mig is None:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
         return handle.mig.compute_instance_id
+
+    # --- MIG configuration: MIG mode (pending until ``reset``), GPU-instance profiles, creating
+    # and destroying GPU / compute instances. A created instance appears as a MIG device in the
+    # next free slot; destroying one that runs processes answers IN_USE; creating past
+    # ``mig_slices`` answers INSUFFICIENT_RESOURCES.
+
+    def nvmlDeviceSetMigMode(self, handle: _Handle, mode: int) -> int:
+        self._enter("nvmlDeviceSetMigMode", handle)
+        if handle.gpu.mig_enabled is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        handle.gpu.mig_pending = mode == NVML_DEVICE_MIG_ENABLE
+        return NVML_ERROR_RESET_REQUIRED  # the activation status: a reset is needed
+
+    def nvmlDeviceGetMigMode(self, handle: _Handle) -> list[int]:
+        self._enter("nvmlDeviceGetMigMode", handle)
+        if handle.gpu.mig_enabled is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        current = NVML_DEVICE_MIG_ENABLE if handle.gpu.mig_enabled else NVML_DEVICE_MIG_DISABLE
+        pending = handle.gpu.mig_pending
+        return [current, current if pending is None else int(bool(pending))]
+
+    def reset(self, index: int) -> None:
+        """What ``nvidia-smi -r`` does to the fake: pending MIG mode takes effect."""
+        gpu = self.gpus[index]
+        if gpu.mig_pending is not None:
+            gpu.mig_enabled, gpu.mig_pending = gpu.mig_pending, None
+            gpu.migs.clear()
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: _Handle, profile: int) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetGpuInstanceProfileInfo", handle)
+        if profile not in handle.gpu.gi_profiles:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        slices, mb, name = handle.gpu.gi_profiles[profile]
+        return SimpleNamespace(id=profile, sliceCount=slices, memorySizeMB=mb, name=name)
+
+    def nvmlDeviceCreateGpuInstance(self, handle: _Handle, profile: int) -> SimpleNamespace:
+        self._enter("nvmlDeviceCreateGpuInstance", handle)
+        gpu = handle.gpu
+        if not gpu.mig_enabled:
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        slices, _mb, _name = gpu.gi_profiles[profile]
+        if _slices_used(gpu) + slices > gpu.mig_slices:
+            raise NVMLError(NVML_ERROR_INSUFFICIENT_RESOURCES)
+        return SimpleNamespace(gpu=gpu, profile=profile, gi_id=100 + len(self.created))
+
+    def nvmlGpuInstanceGetComputeInstanceProfileInfo(
+        self, gi: SimpleNamespace, profile: int, engine: int
+    ) -> SimpleNamespace:
+        self._enter("nvmlGpuInstanceGetComputeInstanceProfileInfo")
+        return SimpleNamespace(id=profile)
+
+    def nvmlGpuInstanceCreateComputeInstance(self, gi: SimpleNamespace, profile: int) -> None:
+        self._enter("nvmlGpuInstanceCreateComputeInstance")
+        gpu = gi.gpu
+        _slices, mb, name = gpu.gi_profiles[gi.profile]
+        slot = next(i for i in range(gpu.max_mig_slots) if i not in gpu.migs)
+        uuid = f"MIG-fake-{gpu.uuid}-{gi.gi_id}"
+        gpu.migs[slot] = FakeMig(uuid, f"{gpu.name} MIG {name}", mb, 0.0, gi.gi_id, 0)
+        self.created.append(name)
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: _Handle, gi_id: int) -> _Instance:
+        self._enter("nvmlDeviceGetGpuInstanceById", handle)
+        for slot, mig in handle.gpu.migs.items():
+            if mig.gpu_instance_id == gi_id:
+                return _Instance(handle.gpu, slot)
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+
+    def nvmlGpuInstanceGetComputeInstanceById(self, gi: _Instance, ci_id: int) -> _Instance:
+        self._enter("nvmlGpuInstanceGetComputeInstanceById")
+        return gi
+
+    def nvmlComputeInstanceDestroy(self, ci: _Instance) -> None:
+        self._enter("nvmlComputeInstanceDestroy")
+        if ci.gpu.migs[ci.slot].processes:
+            raise NVMLError(NVML_ERROR_IN_USE)
+
+    def nvmlGpuInstanceDestroy(self, gi: _Instance) -> None:
+        self._enter("nvmlGpuInstanceDestroy")
+        mig = gi.gpu.migs.pop(gi.slot)
+        self.destroyed.append(mig.name.rsplit(" ", 1)[-1])

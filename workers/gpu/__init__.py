@@ -16,6 +16,7 @@ from workers.gpu.base import (
     GpuBackendError,
     GpuSample,
     MigDeviceInfo,
+    MigLayoutReport,
     NvmlUnavailable,
 )
 
@@ -32,6 +33,7 @@ __all__ = [
     "GpuBackendError",
     "GpuSample",
     "MigDeviceInfo",
+    "MigLayoutReport",
     "NvmlUnavailable",
     "open_backend",
 ]

@@ -58,6 +58,23 @@ class DeviceInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class MigLayoutReport:
+    """What ``apply_mig_layout`` did on one GPU (backends that can lay out MIG offer it).
+
+    ``applied`` False means nothing is usable yet and ``message`` says why and what to do
+    (e.g. MIG mode was switched on and waits for a GPU reset). ``instances`` are the GPU's
+    MIG instances afterwards; ``created`` / ``destroyed`` list profiles.
+    """
+
+    index: int
+    applied: bool
+    message: str
+    instances: tuple[MigDeviceInfo, ...] = ()
+    created: tuple[str, ...] = ()
+    destroyed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class GpuSample:
     """One reading of one GPU.
 

@@ -8,16 +8,33 @@ Readings: memory from ``nvmlDeviceGetMemoryInfo`` (bytes -> MiB), utilisation fr
 ``nvmlDeviceGetUtilizationRates().gpu`` (None where NVML does not support it, e.g. a GPU in MIG
 mode), per-process memory from ``nvmlDeviceGetComputeRunningProcesses`` (processes whose memory
 NVML cannot see are left out), MIG instances from ``nvmlDeviceGetMigDeviceHandleByIndex``.
+
+MIG layouts (``apply_mig_layout``): checked against the catalogue's placement rules first;
+then MIG mode is switched on if needed (the driver applies it at the next GPU reset, which we
+report rather than force), instances the new layout does not keep are destroyed (refused if a
+process runs in one) and the missing ones created: a GPU instance of the profile
+(``nvmlDeviceCreateGpuInstance``, the profile id whose memory matches the name) holding one
+compute instance over all its slices. Every refusal of the driver (no permission: it needs
+root; no MIG on this GPU; no room) comes back as a ``GpuBackendError`` naming the GPU, the
+profile and what to do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
+from collections import Counter
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from scheduler.catalog import CATALOG, UnknownGpuModel, canonical_model
+from scheduler.catalog import (
+    CATALOG,
+    MigLayoutError,
+    UnknownGpuModel,
+    canonical_model,
+    check_mig_layout,
+)
 from workers.gpu.base import (
     DEFAULT_CLOCK,
     Clock,
@@ -25,6 +42,7 @@ from workers.gpu.base import (
     GpuBackendError,
     GpuSample,
     MigDeviceInfo,
+    MigLayoutReport,
     NvmlUnavailable,
 )
 
@@ -36,6 +54,7 @@ MISSING_MESSAGE = (
 )
 
 _MIG_NAME = re.compile(r"MIG\s+(\d+g\.\d+gb)", re.IGNORECASE)
+_PROFILE_NAME = re.compile(r"^(\d+)g\.(\d+)gb$")
 _VENDOR_WORDS = ("nvidia ", "tesla ")
 
 
@@ -250,6 +269,159 @@ class NvmlBackend:
                 )
             )
         return samples
+
+    # --- MIG layouts ---------------------------------------------------------------------------
+
+    def apply_mig_layout(self, index: int, layout: Sequence[str]) -> MigLayoutReport:
+        """Lay GPU ``index`` out as the MIG instances ``layout`` (profile names, e.g.
+        ``["2g.12gb", "1g.6gb", "1g.6gb"]``); see the module docstring. Raises GpuBackendError
+        saying why where the driver or the layout does not allow it."""
+        n = self.nvml
+        handle = self._handles()[index]
+        name = _text(self._required("name", index, n.nvmlDeviceGetName, handle))
+        where = f"GPU {index} ({name})"
+        model = catalogue_model(name)
+        spec = CATALOG.get(model) if model else None
+        if spec is None or not spec.mig_profiles:
+            raise GpuBackendError(f"{where}: this model has no MIG (A30, A100 and H100 do)")
+        try:
+            check_mig_layout(spec, list(layout))
+        except MigLayoutError as exc:
+            raise GpuBackendError(f"{where}: {exc}") from exc
+        mode = self._optional(n.nvmlDeviceGetMigMode, handle)
+        if not mode:
+            raise GpuBackendError(f"{where}: the driver reports no MIG support on this GPU")
+        enabled = getattr(n, "NVML_DEVICE_MIG_ENABLE", 1)
+        if mode[0] != enabled:
+            if mode[1] != enabled:
+                self._mig_call(where, "enabling MIG mode", n.nvmlDeviceSetMigMode, handle, enabled)
+            return MigLayoutReport(
+                index,
+                False,
+                f"{where}: MIG mode is switched on but takes effect at the next GPU reset: stop "
+                f"every process on the GPU, run `nvidia-smi -r -i {index}`, then apply the "
+                "layout again",
+            )
+        existing = self.devices()[index].mig_devices
+        wanted = Counter(layout)
+        keep, drop = [], []
+        for inst in existing:
+            if inst.profile is not None and wanted[inst.profile] > 0:
+                wanted[inst.profile] -= 1
+                keep.append(inst)
+            else:
+                drop.append(inst)
+        busy = {
+            inst.uuid: pids
+            for inst, (_slot, mig) in zip(existing, self._mig_handles(handle), strict=False)
+            if inst in drop and (pids := sorted((self._processes(mig) or {}).keys()))
+        }
+        if busy:
+            listed = "; ".join(f"{u}: pids {', '.join(map(str, p))}" for u, p in busy.items())
+            raise GpuBackendError(
+                f"{where}: the layout would destroy MIG instances that run processes ({listed})"
+            )
+        destroyed = []
+        for inst in drop:
+            gi = self._mig_call(
+                where,
+                "finding a GPU instance",
+                n.nvmlDeviceGetGpuInstanceById,
+                handle,
+                inst.gpu_instance_id,
+            )
+            ci = self._mig_call(
+                where,
+                "finding a compute instance",
+                n.nvmlGpuInstanceGetComputeInstanceById,
+                gi,
+                inst.compute_instance_id,
+            )
+            self._mig_call(where, f"destroying {inst.profile}", n.nvmlComputeInstanceDestroy, ci)
+            self._mig_call(where, f"destroying {inst.profile}", n.nvmlGpuInstanceDestroy, gi)
+            destroyed.append(inst.profile or inst.uuid)
+        created = []
+        for profile in sorted(wanted.elements(), key=lambda p: -self._slices(p)):
+            self._create_instance(handle, where, profile)
+            created.append(profile)
+        after = self.devices()[index].mig_devices
+        return MigLayoutReport(
+            index,
+            True,
+            f"{where}: laid out as {' + '.join(layout) or 'no instances'} "
+            f"({len(created)} created, {len(destroyed)} destroyed, {len(keep)} kept)",
+            after,
+            tuple(created),
+            tuple(destroyed),
+        )
+
+    @staticmethod
+    def _slices(profile: str) -> int:
+        match = _PROFILE_NAME.match(profile)
+        return int(match.group(1)) if match else 0
+
+    def _mig_call(self, where: str, what: str, call: Any, *args: Any) -> Any:
+        try:
+            return call(*args)
+        except self.nvml.NVMLError as exc:
+            if self._is(exc, "NVML_ERROR_NO_PERMISSION"):
+                why = "no permission (MIG configuration needs root)"
+            elif self._is(exc, "NVML_ERROR_INSUFFICIENT_RESOURCES"):
+                why = "no room: the free slices are taken or fragmented"
+            elif self._is(exc, "NVML_ERROR_IN_USE"):
+                why = "in use by a process"
+            elif self._is(exc, "NVML_ERROR_NOT_SUPPORTED"):
+                why = "not supported by this GPU or driver"
+            else:
+                why = self._describe(exc)
+            raise GpuBackendError(f"{where}: {what} failed: {why}") from exc
+
+    def _create_instance(self, handle: Any, where: str, profile: str) -> None:
+        """A GPU instance of ``profile`` with one compute instance over all its slices."""
+        n = self.nvml
+        match = _PROFILE_NAME.match(profile)
+        if match is None:
+            raise GpuBackendError(f"{where}: bad MIG profile name {profile!r}")
+        slices, gb = int(match.group(1)), int(match.group(2))
+        best = None
+        for suffix in ("", "_REV1", "_REV2"):
+            pid = getattr(n, f"NVML_GPU_INSTANCE_PROFILE_{slices}_SLICE{suffix}", None)
+            if pid is None:
+                continue
+            info = self._optional(n.nvmlDeviceGetGpuInstanceProfileInfo, handle, pid)
+            if info is None or int(getattr(info, "sliceCount", slices)) != slices:
+                continue
+            miss = abs(float(info.memorySizeMB) / 1024.0 - gb) / gb
+            if miss <= 0.2 and (best is None or miss < best[0]):
+                best = (miss, info)
+        if best is None:
+            raise GpuBackendError(
+                f"{where}: the driver offers no {profile} GPU-instance profile here"
+            )
+        gi = self._mig_call(
+            where,
+            f"creating a {profile} GPU instance",
+            n.nvmlDeviceCreateGpuInstance,
+            handle,
+            best[1].id,
+        )
+        ci_pid = getattr(n, f"NVML_COMPUTE_INSTANCE_PROFILE_{slices}_SLICE", None)
+        shared = getattr(n, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0)
+        ci_info = self._mig_call(
+            where,
+            f"reading the {profile} compute profile",
+            n.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+            gi,
+            ci_pid,
+            shared,
+        )
+        self._mig_call(
+            where,
+            f"creating the {profile} compute instance",
+            n.nvmlGpuInstanceCreateComputeInstance,
+            gi,
+            ci_info.id,
+        )
 
     def close(self) -> None:
         if not self._open:

@@ -22,16 +22,24 @@ then reports, per GPU:
 ``slowdown(job_id)`` gives the job's *total* co-run slowdown (time share included, through
 ``scheduler.interference.co_run_slowdown``), for estimating how fast a virtual job progresses.
 
+**MIG**: each virtual GPU has a layout of MIG instances, each with a stable UUID
+(``MIG-virtual-<node>-<gpu>-<n>``), listed by ``devices()`` whether in use or free.
+``apply_mig_layout`` sets it (checked against the catalogue's placement rules; instances in
+use are kept, a layout that drops one is refused), as the nvml backend does on a real GPU. A
+MIG job attached with a profile takes a free instance of it; without one, the instance is
+created next to those in use (if the compute slices allow), as the simulator does.
+
 No randomness: the same calls give the same readings.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scheduler.catalog import gpu_spec
+from scheduler.catalog import MigLayoutError, check_mig_layout, gpu_spec
 from scheduler.domain import GpuSpec, JobSpec, MigProfile, Profile, SharingMode
 from scheduler.interference import InterferenceModel, NoInterference, co_run_slowdown
 from workers.gpu.base import (
@@ -41,6 +49,7 @@ from workers.gpu.base import (
     GpuBackendError,
     GpuSample,
     MigDeviceInfo,
+    MigLayoutReport,
 )
 from workers.profiles import memory_at
 
@@ -120,6 +129,8 @@ class VirtualBackend:
         self.clock = clock
         self.jobs: dict[str, VirtualJob] = {}
         self._mig_serial = 0
+        # Per GPU index: its MIG instances, (profile, uuid), in slot order.
+        self.mig_layouts: dict[int, list[tuple[str, str]]] = {}
 
     # --- what the agent tells us ------------------------------------------------------------
 
@@ -152,12 +163,16 @@ class VirtualBackend:
                 )
         mode = SharingMode(mode)
         mig_uuid = None
+        old = self.jobs.pop(job_id, None)
         if mode is SharingMode.MIG:
             for i in indices:
                 self._mig_profile(self.specs[i], mig_profile)
-            self._mig_serial += 1
-            mig_uuid = f"MIG-virtual-{self.node}-{indices[0]}-{self._mig_serial}"
-        self.jobs.pop(job_id, None)
+            try:
+                mig_uuid = self._take_instance(indices[0], mig_profile, job_id)  # type: ignore[arg-type]
+            except GpuBackendError:
+                if old is not None:
+                    self.jobs[job_id] = old
+                raise
         job = VirtualJob(
             job_id=job_id,
             gpu_indices=indices,
@@ -191,17 +206,90 @@ class VirtualBackend:
 
     # --- what the agent reads -----------------------------------------------------------------
 
+    def apply_mig_layout(self, index: int, layout: Sequence[str]) -> MigLayoutReport:
+        """Lay virtual GPU ``index`` out as the MIG instances ``layout`` (profile names).
+        Instances in use are kept; raises GpuBackendError for a layout the model cannot hold
+        or that would drop an instance in use."""
+        if not 0 <= index < len(self.specs):
+            raise GpuBackendError(f"no virtual GPU {index} on {self.node}")
+        spec = self.specs[index]
+        where = f"virtual GPU {index} ({spec.model})"
+        try:
+            check_mig_layout(spec, list(layout))
+        except MigLayoutError as exc:
+            raise GpuBackendError(f"{where}: {exc}") from exc
+        current = self.mig_layouts.get(index, [])
+        used = self._used_instances(index)
+        wanted = Counter(layout)
+        kept, dropped = [], []
+        for profile, uuid in current:
+            if uuid in used or wanted[profile] > 0:
+                if wanted[profile] <= 0:
+                    job = used[uuid]
+                    raise GpuBackendError(
+                        f"{where}: the layout drops the {profile} instance {uuid}, in use by "
+                        f"job {job}"
+                    )
+                wanted[profile] -= 1
+                kept.append((profile, uuid))
+            else:
+                dropped.append(profile)
+        created = list(wanted.elements())
+        self.mig_layouts[index] = kept + [(p, self._new_uuid(index)) for p in created]
+        return MigLayoutReport(
+            index,
+            True,
+            f"{where}: laid out as {' + '.join(layout) or 'no instances'} "
+            f"({len(created)} created, {len(dropped)} destroyed, {len(kept)} kept)",
+            self.devices()[index].mig_devices,
+            tuple(created),
+            tuple(dropped),
+        )
+
+    def _new_uuid(self, index: int) -> str:
+        self._mig_serial += 1
+        return f"MIG-virtual-{self.node}-{index}-{self._mig_serial}"
+
+    def _used_instances(self, index: int) -> dict[str, str]:
+        """UUID -> job id of the MIG instances of GPU ``index`` that jobs hold."""
+        return {
+            j.mig_uuid: j.job_id
+            for j in self.jobs.values()
+            if j.mig_uuid is not None and j.gpu_indices[0] == index
+        }
+
+    def _take_instance(self, index: int, profile: str, job_id: str) -> str:
+        """A free instance of ``profile`` on GPU ``index``, created if the layout has none."""
+        layout = self.mig_layouts.setdefault(index, [])
+        used = self._used_instances(index)
+        for name, uuid in layout:
+            if name == profile and uuid not in used:
+                return uuid
+        spec = self.specs[index]
+        in_use = [name for name, uuid in layout if uuid in used]
+        slices = sum(self._mig_profile(spec, n).compute_slices for n in [*in_use, profile])
+        if slices > spec.mig_total_slices:
+            raise GpuBackendError(
+                f"job {job_id}: no room for a {profile} instance on virtual GPU {index} next to "
+                f"{' + '.join(in_use)} ({slices} of {spec.mig_total_slices} compute slices)"
+            )
+        # Free instances of other profiles go; the new one is created.
+        layout[:] = [(n, u) for n, u in layout if u in used]
+        uuid = self._new_uuid(index)
+        layout.append((profile, uuid))
+        return uuid
+
     def devices(self) -> list[DeviceInfo]:
         out = []
         for index, spec in enumerate(self.specs):
             migs = tuple(
                 MigDeviceInfo(
                     index=n,
-                    uuid=job.mig_uuid or "",
-                    profile=job.mig_profile,
-                    memory_total_mb=float(self._mig_profile(spec, job.mig_profile).memory_mb),
+                    uuid=uuid,
+                    profile=profile,
+                    memory_total_mb=float(self._mig_profile(spec, profile).memory_mb),
                 )
-                for n, job in enumerate(self._jobs_on(index, SharingMode.MIG))
+                for n, (profile, uuid) in enumerate(self.mig_layouts.get(index, ()))
             )
             out.append(
                 DeviceInfo(

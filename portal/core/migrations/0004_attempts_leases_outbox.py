@@ -31,7 +31,7 @@ def number_attempts_and_add_parts(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("core", "0002_job_waiting_reason"),
+        ("core", "0003_gpu_mig_layout"),
     ]
 
     operations = [

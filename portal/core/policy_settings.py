@@ -1,0 +1,274 @@
+"""Policy settings that cannot break scheduling (issue 18, part 1).
+
+``validate_policy_settings(name, params)`` says what is wrong with a policy configuration before
+it is saved, per field: an unknown policy, an unknown parameter, a value of the wrong type or out
+of its documented range, or a configuration the policy itself refuses when it is built
+(``build_policy``) or when it is tried once on the current queue. The admin's policy form uses
+it; the scheduling loop can call it too before switching to a newly saved configuration (and
+keep the last good one when it fails).
+
+``policy_parameters(name)`` lists a policy's documented parameters with their types, ranges,
+defaults and help, for the admin form and the docs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.domain import ClusterState
+from scheduler.interference import INTERFERENCE_MODELS
+from scheduler.policies.base import PolicyError
+from scheduler.policies.registry import available_policies, build_policy, policy_class
+
+BOOL, INT, FLOAT, CHOICE, MAPPING = "bool", "int", "float", "choice", "mapping"
+
+
+@dataclass(frozen=True, slots=True)
+class ParamSpec:
+    """One documented parameter: ``kind`` is bool, int, float, choice or mapping."""
+
+    name: str
+    kind: str
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    nullable: bool = False
+    default: Any = None
+
+    def describe(self) -> str:
+        """Type and range in words, e.g. "integer, 1 to 64"."""
+        words = {BOOL: "true/false", INT: "integer", FLOAT: "number", MAPPING: "JSON object"}
+        text = words.get(self.kind, "one of " + ", ".join(self.choices))
+        if self.minimum is not None and self.maximum is not None:
+            text += f", {self.minimum:g} to {self.maximum:g}"
+        elif self.minimum is not None:
+            text += f", at least {self.minimum:g}"
+        if self.nullable:
+            text += ", or null"
+        return text
+
+
+def _placement_policies() -> tuple[str, ...]:
+    return tuple(p for p in available_policies() if "exec_plan" not in p)
+
+
+_INTERFERENCE = tuple(sorted(INTERFERENCE_MODELS))
+
+# The parameters the policies document (their module docstrings; ALGORITHMS.md for the maths).
+_KNOWN: dict[str, ParamSpec] = {
+    spec.name: spec
+    for spec in (
+        ParamSpec("backfill", BOOL, "let later jobs go past one that does not fit"),
+        ParamSpec("max_jobs_per_gpu", INT, "co-location limit under MPS and time-slicing", 1, 64),
+        ParamSpec(
+            "share_mode",
+            CHOICE,
+            "mode for an idle GPU a co-locating policy starts sharing",
+            choices=("auto", "mps", "time_slicing", "mig"),
+        ),
+        ParamSpec(
+            "profiled_models_only",
+            BOOL,
+            "a job with profiled GPU times runs only on those GPU models",
+        ),
+        ParamSpec(
+            "weights",
+            MAPPING,
+            "scorer name -> weight (null: 1 each)",
+            nullable=True,
+        ),
+        ParamSpec(
+            "interference",
+            CHOICE,
+            "interference model whose predicted slowdown co-locating policies quote",
+            choices=_INTERFERENCE,
+            nullable=True,
+        ),
+        ParamSpec(
+            "interference_params", MAPPING, "parameters of that interference model", nullable=True
+        ),
+        ParamSpec(
+            "colocation_check",
+            CHOICE,
+            "interference model asked whether two jobs may share a GPU at all (null: no check)",
+            choices=_INTERFERENCE,
+            nullable=True,
+        ),
+        ParamSpec(
+            "unknown_util_pct", FLOAT, "GPU utilisation assumed for an unprofiled job", 0, 100
+        ),
+        ParamSpec(
+            "unknown_similarity", FLOAT, "similarity assumed when a signature is unknown", 0, 1
+        ),
+        ParamSpec("measured_signatures", BOOL, "use measured signatures where they exist"),
+        ParamSpec("features", MAPPING, "feature -> weight C_k of the GPU placement rate"),
+        ParamSpec(
+            "gpu_share_slowdown",
+            FLOAT,
+            "slowdown assumed for a job sharing a GPU (null: from the interference model)",
+            1,
+            100,
+            nullable=True,
+        ),
+        ParamSpec(
+            "exact_split_limit",
+            INT,
+            "largest queue for which the GPU/CPU split is searched exactly",
+            1,
+            100_000,
+        ),
+        ParamSpec(
+            "placement",
+            CHOICE,
+            "the placement policy the execution plan wraps",
+            choices=_placement_policies(),
+        ),
+        ParamSpec("placement_params", MAPPING, "parameters of the wrapped policy", nullable=True),
+        ParamSpec("interval_s", FLOAT, "seconds between execution-plan checks", 0.1, 3600),
+        ParamSpec("alpha_mb", FLOAT, "memory margin added to a growing job's need (MB)", 0, 1e6),
+        ParamSpec(
+            "lookahead_intervals",
+            FLOAT,
+            "how many intervals ahead memory growth is predicted",
+            0,
+            1000,
+        ),
+        ParamSpec(
+            "priority_features", MAPPING, "feature weights of the pause priority", nullable=True
+        ),
+    )
+}
+
+
+def _guess(name: str, default: Any) -> ParamSpec:
+    """A parameter no table above documents: typed by its default."""
+    if isinstance(default, bool):
+        return ParamSpec(name, BOOL, "")
+    if isinstance(default, int):
+        return ParamSpec(name, INT, "")
+    if isinstance(default, float):
+        return ParamSpec(name, FLOAT, "")
+    if isinstance(default, str):
+        return ParamSpec(name, CHOICE, "", choices=(default,))
+    return ParamSpec(name, MAPPING, "", nullable=True)
+
+
+def policy_defaults_of(name: str) -> dict[str, Any]:
+    """Every parameter ``name`` takes with its default: the class's own and, for an execution
+    plan, those of the placement policy it wraps (it passes them on)."""
+    cls = policy_class(name)
+    defaults = dict(cls.defaults)
+    inner = defaults.get("placement")
+    if "exec_plan" in name and isinstance(inner, str) and inner in available_policies():
+        for key, value in policy_class(inner).defaults.items():
+            defaults.setdefault(key, value)
+    return defaults
+
+
+def policy_parameters(name: str) -> list[ParamSpec]:
+    """The documented parameters of policy ``name`` (sorted by name), with their defaults."""
+    out = []
+    for key, default in sorted(policy_defaults_of(name).items()):
+        spec = _KNOWN.get(key) or _guess(key, default)
+        nullable = spec.nullable or default is None
+        out.append(
+            ParamSpec(
+                spec.name,
+                spec.kind,
+                spec.help,
+                spec.minimum,
+                spec.maximum,
+                spec.choices,
+                nullable,
+                default,
+            )
+        )
+    return out
+
+
+def check_value(spec: ParamSpec, value: Any) -> str | None:
+    """Why ``value`` does not fit ``spec`` (None: it does)."""
+    if value is None:
+        return None if spec.nullable else "must not be null"
+    if spec.kind == BOOL:
+        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+    if spec.kind in (INT, FLOAT):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            kind = "a whole number" if spec.kind == INT else "a number"
+            return f"must be {kind}, got {value!r}"
+        if spec.kind == INT and isinstance(value, float) and not value.is_integer():
+            return f"must be a whole number, got {value!r}"
+        if not math.isfinite(value):
+            return "must be a finite number"
+        if spec.minimum is not None and value < spec.minimum:
+            return f"must be at least {spec.minimum:g}, got {value:g}"
+        if spec.maximum is not None and value > spec.maximum:
+            return f"must be at most {spec.maximum:g}, got {value:g}"
+        return None
+    if spec.kind == CHOICE:
+        if value not in spec.choices:
+            return f"must be one of {', '.join(spec.choices)}, got {value!r}"
+        return None
+    if not isinstance(value, dict):
+        return f"must be a JSON object, got {value!r}"
+    return None
+
+
+def _trial_state() -> ClusterState:
+    """The current cluster and queue as the loop would hand them to the policy (an empty
+    cluster when they cannot be read)."""
+    try:
+        from portal.core.scheduling import build_snapshot
+
+        return build_snapshot().state
+    except Exception:  # a trial only: the settings are still checked on an empty cluster
+        return ClusterState(now_s=0.0, nodes=(), pending=())
+
+
+def validate_policy_settings(
+    name: str, params: Mapping[str, Any] | None, *, trial: bool = True
+) -> dict[str, str]:
+    """What is wrong with running policy ``name`` with ``params``: field -> message, where the
+    field is ``policy``, ``params`` or a parameter's name. Empty: the policy builds and (with
+    ``trial``) plans one cycle of the current queue without an error."""
+    known = available_policies()
+    try:
+        policy_class(name)
+    except PolicyError:
+        return {"policy": f"unknown policy {name!r}; choose one of {', '.join(known)}"}
+    except Exception as exc:  # a registered policy whose module does not load
+        return {"policy": f"policy {name!r} cannot be loaded: {exc}"}
+    if params is None:
+        params = {}
+    if not isinstance(params, Mapping):
+        return {"params": "must be a JSON object of parameter -> value"}
+    specs = {spec.name: spec for spec in policy_parameters(name)}
+    errors: dict[str, str] = {}
+    unknown = sorted(set(params) - set(specs))
+    if unknown:
+        errors["params"] = (
+            f"policy {name!r} has no parameter(s) {', '.join(unknown)}; "
+            f"known: {', '.join(sorted(specs)) or 'none'}"
+        )
+    for key, value in params.items():
+        if key in specs:
+            problem = check_value(specs[key], value)
+            if problem:
+                errors[key] = problem
+    if errors:
+        return errors
+    try:
+        policy = build_policy(name, dict(params))
+    except Exception as exc:  # PolicyError, or a TypeError/ValueError of a bad combination
+        return {"params": f"the policy refuses these parameters: {exc}"}
+    if trial:
+        try:
+            policy.schedule(_trial_state(), random.Random(0))  # noqa: S311  (a seeded trial)
+        except Exception as exc:
+            return {"params": f"the policy fails on the current queue: {type(exc).__name__}: {exc}"}
+    return {}

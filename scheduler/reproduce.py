@@ -1,0 +1,256 @@
+"""Reproductions of the seed papers' published comparisons in the simulator (docs/sharing.md).
+
+    python -m scheduler.reproduce sharing001 [--seeds 20] [--out DIR]
+    python -m scheduler.reproduce kscheduler003 [--out DIR]
+
+**sharing001** (paper 001, ALGORITHMS §4): the scenario's 180 apps under ``sharing_mode``,
+``sharing_random`` and ``byscale``, once per seed 0..N-1. A seed shuffles the order the apps
+are queued in (they all arrive at t = 0) and seeds the simulator's random generator (the
+random policy's draws, and its GPU binding in the *bound* reading). The metric is the paper's
+total execution time (the makespan); the table gives mean, standard deviation, min and max over
+the seeds, and the mean of the per-seed ratios to ``sharing_mode``. Two readings of the
+policies are run:
+
+- *work-conserving*: ``sharing_mode`` falls back to another mode when its preferred GPUs are
+  full, ``sharing_random`` draws among the GPUs that can take the job now, ``byscale`` keeps its
+  mapping (big -> time-slicing, medium -> MPS, small -> MIG);
+- *bound*: every policy waits for its choice: ``sharing_mode`` without fallback,
+  ``sharing_random`` bound to one random GPU per job (a pod sent to a random node), ``byscale``
+  as above.
+
+**kscheduler003** (thesis 003 ch. IV, ALGORITHMS §3): workloads W1-W9 (``scheduler.kernels``)
+on the scenario's Titan Xp under ``kscheduler``, ``warped_slicer`` and ``even_partition``.
+Per workload: weighted speedup (sum of solo times / the workload's makespan), ANTT and
+fairness. The thesis' ANTT averages each kernel's co-run time over its solo time (kernels of a
+later group are not charged the wait for the earlier ones: its K-Scheduler ANTT of 1.31 with
+groups run one after another allows no other reading), which is our ``avg_slowdown``;
+fairness is min / max of solo / co-run time. The turnaround-based ANTT (queueing included) is
+printed too.
+
+Progress goes to stderr; results are printed as tables and, with ``--out``, written as CSV.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import statistics
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from scheduler.domain import JobSpec
+from scheduler.interference import build_interference
+from scheduler.metrics import antt, completed, fairness, slowdown_stats
+from scheduler.policies.registry import build_policy
+from scheduler.simulator import simulate
+
+SHARING_POLICIES = ("sharing_mode", "sharing_random", "byscale")
+SHARING_READINGS: Mapping[str, Mapping[str, Mapping[str, Any]]] = {
+    "work-conserving": {"sharing_mode": {"fallback": True}, "sharing_random": {"bind": False}},
+    "bound": {"sharing_mode": {"fallback": False}, "sharing_random": {"bind": True}},
+}
+PAPER_001 = {"sharing_random": 3.1, "byscale": 5.0}  # total time / sharing_mode's
+KSCHEDULER_POLICIES = ("kscheduler", "warped_slicer", "even_partition")
+
+
+def shuffled(jobs: Sequence[JobSpec], seed: int) -> list[JobSpec]:
+    """The jobs in a queue order drawn from ``seed`` (seed 0: the scenario's own order)."""
+    out = list(jobs)
+    if seed:
+        random.Random(seed).shuffle(out)
+    return out
+
+
+def run_sharing001(
+    seeds: int = 20,
+    progress: Callable[[str], None] | None = None,
+    scenario: str = "sharing001",
+) -> pd.DataFrame:
+    """One row per (reading, policy, seed): makespan and completion counts. ``scenario``: the
+    built-in one, or the path of a variant (another profiles file, cluster...)."""
+    from scheduler.scenarios import load_scenario
+
+    sc = load_scenario(scenario)
+    model = build_interference(sc.interference)
+    rows = []
+    runs = len(SHARING_READINGS) * len(SHARING_POLICIES) * seeds
+    n = 0
+    for reading, overrides in SHARING_READINGS.items():
+        for seed in range(seeds):
+            jobs = shuffled(sc.jobs, seed)
+            config = dataclasses.replace(sc.config, seed=seed)
+            for name in SHARING_POLICIES:
+                params = {**sc.policy_params.get(name, {}), **overrides.get(name, {})}
+                if name == "sharing_random":
+                    params["bind_seed"] = seed
+                result = simulate(
+                    sc.cluster, jobs, build_policy(name, params), interference=model, config=config
+                )
+                frame = result.jobs_frame()
+                done = completed(frame)
+                rows.append(
+                    {
+                        "reading": reading,
+                        "policy": name,
+                        "seed": seed,
+                        "jobs": len(frame),
+                        "completed": len(done),
+                        "makespan_s": float(done["finish_s"].max() - done["arrival_s"].min()),
+                        "avg_jct_s": float(done["jct_s"].mean()),
+                    }
+                )
+                n += 1
+                if progress is not None:
+                    progress(f"sharing001: {n}/{runs} runs ({reading}, {name}, seed {seed})")
+    return pd.DataFrame(rows)
+
+
+def summarize_sharing001(runs: pd.DataFrame) -> pd.DataFrame:
+    """Mean, spread and ratio to ``sharing_mode`` per (reading, policy)."""
+    out = []
+    for (reading, policy), g in runs.groupby(["reading", "policy"], sort=False):
+        base = runs[(runs.reading == reading) & (runs.policy == "sharing_mode")].set_index("seed")
+        ratios = [m / base.loc[s, "makespan_s"] for s, m in zip(g.seed, g.makespan_s, strict=True)]
+        out.append(
+            {
+                "reading": reading,
+                "policy": policy,
+                "seeds": len(g),
+                "all_completed": bool((g.completed == g.jobs).all()),
+                "makespan_mean_s": g.makespan_s.mean(),
+                "makespan_std_s": g.makespan_s.std(ddof=1) if len(g) > 1 else 0.0,
+                "makespan_min_s": g.makespan_s.min(),
+                "makespan_max_s": g.makespan_s.max(),
+                "ratio_to_sharing_mode": statistics.fmean(ratios),
+                "ratio_min": min(ratios),
+                "ratio_max": max(ratios),
+                "paper_ratio": PAPER_001.get(policy, 1.0),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def workload_jobs(name: str, profiles: Mapping[str, Any]) -> list[JobSpec]:
+    """Jobs of kernel workload ``name`` (``scheduler.kernels.WORKLOADS``), all at t = 0."""
+    from scheduler.kernels import WORKLOADS
+
+    return [
+        JobSpec(id=f"{k:02d}-{app}", name=app, kind=profiles[app].kind, profile=profiles[app])
+        for k, app in enumerate(WORKLOADS[name])
+    ]
+
+
+def run_kscheduler003(progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """One row per (workload, policy) with the thesis' three metrics."""
+    from scheduler.kernels import WORKLOADS
+    from scheduler.scenarios import SCENARIO_DIR, load_scenario
+    from scheduler.traces import load_profiles
+
+    sc = load_scenario("kscheduler003")
+    profiles = load_profiles(SCENARIO_DIR / "profiles" / "kscheduler003.yaml")
+    model = build_interference(sc.interference)
+    rows = []
+    for w in WORKLOADS:
+        jobs = workload_jobs(w, profiles)
+        for name in KSCHEDULER_POLICIES:
+            policy = build_policy(name, sc.policy_params.get(name, {}))
+            result = simulate(sc.cluster, jobs, policy, interference=model, config=sc.config)
+            frame = result.jobs_frame()
+            done = completed(frame)
+            span = float(done["finish_s"].max() - done["arrival_s"].min())
+            rows.append(
+                {
+                    "workload": w,
+                    "policy": name,
+                    "completed": len(done),
+                    "jobs": len(frame),
+                    "weighted_speedup": float(done["solo_s"].sum()) / span,
+                    "antt_corun": slowdown_stats(frame)[0],
+                    "antt_turnaround": antt(frame),
+                    "fairness": fairness(frame),
+                    "makespan_ms": 1000.0 * span,
+                }
+            )
+            if progress is not None:
+                progress(f"kscheduler003: {w} {name}")
+    return pd.DataFrame(rows)
+
+
+def summarize_kscheduler003(runs: pd.DataFrame) -> pd.DataFrame:
+    """Means over the workloads, beside the thesis."""
+    from scheduler.kernels import THESIS_RESULTS
+
+    out = []
+    for policy, g in runs.groupby("policy", sort=False):
+        ws, an, fa = THESIS_RESULTS[policy]
+        out.append(
+            {
+                "policy": policy,
+                "workloads": len(g),
+                "all_completed": bool((g.completed == g.jobs).all()),
+                "weighted_speedup": g.weighted_speedup.mean(),
+                "thesis_weighted_speedup": ws,
+                "antt": g.antt_corun.mean(),
+                "thesis_antt": an,
+                "fairness": g.fairness.mean(),
+                "thesis_fairness": fa,
+                "antt_turnaround": g.antt_turnaround.mean(),
+            }
+        )
+    return pd.DataFrame(out)
+
+
+def _progress(enabled: bool) -> Callable[[str], None] | None:
+    if not enabled:
+        return None
+
+    def say(text: str) -> None:
+        print(f"\r{text:<78}", end="", file=sys.stderr, flush=True)
+
+    return say
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m scheduler.reproduce", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("name", choices=["sharing001", "kscheduler003"])
+    parser.add_argument("--seeds", type=int, default=20, help="sharing001: seeds (default 20)")
+    parser.add_argument(
+        "--scenario", help="sharing001: a variant scenario YAML instead of the built-in one"
+    )
+    parser.add_argument("--out", help="directory for runs.csv and summary.csv")
+    parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
+    say = _progress(not args.quiet and sys.stderr.isatty())
+    if args.name == "sharing001":
+        runs = run_sharing001(args.seeds, progress=say, scenario=args.scenario or "sharing001")
+        summary = summarize_sharing001(runs)
+    else:
+        runs = run_kscheduler003(progress=say)
+        summary = summarize_kscheduler003(runs)
+    if say is not None:
+        print(file=sys.stderr)
+    with pd.option_context("display.width", 200, "display.max_columns", 30):
+        if args.name == "kscheduler003":
+            print(runs.round(3).to_string(index=False))
+            print()
+        print(summary.round(3).to_string(index=False))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        runs.to_csv(out / "runs.csv", index=False)
+        summary.to_csv(out / "summary.csv", index=False)
+        print(f"wrote {out / 'runs.csv'}, {out / 'summary.csv'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
