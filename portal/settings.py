@@ -188,9 +188,12 @@ REDIS_URL = envstr("REDIS_URL")
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            # Django's Redis cache, but reads miss and writes are dropped while Redis is down:
+            # the API must keep working then (docs/reliability.md).
+            "BACKEND": "portal.core.cache.ResilientRedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "cosched-cache",
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
         }
     }
 CELERY_BROKER_URL = REDIS_URL or "memory://"

@@ -6,6 +6,8 @@ memory / l1, C / M, small / medium / big) are not stored: ``scheduler.classes`` 
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -335,7 +337,7 @@ class Placement(models.Model):
         REQUEUED = "requeued", "Requeued"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="placements")
-    attempt = models.PositiveIntegerField(default=1)
+    attempt = models.PositiveIntegerField(default=None, help_text="1, 2, ... per job")
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="placements")
     gpus = models.ManyToManyField(Gpu, blank=True, related_name="placements")
     sharing_mode = models.CharField(max_length=16, choices=SHARING_MODES, default="exclusive")
@@ -364,6 +366,14 @@ class Placement(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} attempt {self.attempt} on {self.node_id} ({self.sharing_mode})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Numbered on creation when the writer did not number it (the scheduler does); the
+        # unique constraint on (job, attempt) catches two writers racing.
+        if self._state.adding and self.attempt is None:
+            last = Placement.objects.filter(job_id=self.job_id).aggregate(n=models.Max("attempt"))
+            self.attempt = (last["n"] or 0) + 1
+        super().save(*args, **kwargs)
 
 
 class PlacementPart(models.Model):

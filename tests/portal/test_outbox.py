@@ -38,8 +38,17 @@ def broker(settings):
 
 @pytest.fixture
 def broker_down(settings):
+    """Redis is down: the broker, and the cache holding the API's rate-limit counters (the
+    deployment's backend, as portal.settings configures it with REDIS_URL)."""
     settings.REDIS_URL = DOWN_URL
     settings.CELERY_TASK_ALWAYS_EAGER = False
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "portal.core.cache.ResilientRedisCache",
+            "LOCATION": DOWN_URL,
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
+        }
+    }
 
 
 def _queued_tasks(client) -> list[dict]:
@@ -129,6 +138,10 @@ def _running_job(owner) -> Job:
 def test_the_api_submits_pauses_and_cancels_while_the_broker_is_down(
     alice, alice_api, broker_down, django_capture_on_commit_callbacks
 ):
+    from django.core.cache import caches
+
+    # The throttles read it on every call: the deployment's backend, its Redis down.
+    assert type(caches["default"]).__name__ == "ResilientRedisCache"
     with django_capture_on_commit_callbacks(execute=True):
         response = alice_api.post("/api/v1/jobs/", {"name": "x", "command": "true"}, format="json")
     assert response.status_code == 201, response.content

@@ -221,6 +221,12 @@ class Migration(migrations.Migration):
             ),
         ),
         migrations.RunPython(number_attempts_and_add_parts, migrations.RunPython.noop),
+        # From now on a new placement is numbered by its writer (or by Placement.save).
+        migrations.AlterField(
+            model_name="placement",
+            name="attempt",
+            field=models.PositiveIntegerField(default=None, help_text="1, 2, ... per job"),
+        ),
         migrations.AddConstraint(
             model_name="placement",
             constraint=models.UniqueConstraint(
