@@ -50,6 +50,7 @@ demo: migrate
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy scheduler
 
 # Re-pin every dependency from a fresh environment (after a change to pyproject.toml).
 lock:

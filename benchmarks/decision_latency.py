@@ -27,6 +27,11 @@ Snapshots are generated deterministically (``build_state``):
   (10 %) or 4 (5 %), and 1 to 4 cores.
 
 Goal (issue 3): median per-job decision < 5 ms at 1,000 nodes x 8 GPUs with 1,000 pending jobs.
+
+**Gang case** (issue 10): the same 1,000 nodes x 8 GPUs, 1,000 pending jobs of which every third
+is a gang of 8, 16, 24 or 32 GPUs (in turn; an 8-GPU job fits one node and waits for a whole
+idle one, the others span 2 to 4 nodes of one model), the rest drawn as above. Same goal:
+median per-job decision < 5 ms for every policy. Quick mode runs it at 800 GPUs with 60 pending.
 """
 
 from __future__ import annotations
@@ -64,11 +69,15 @@ GPUS_PER_NODE = 8
 CORES_PER_NODE = 64
 A100_SPEEDUP_OVER_V100 = 1.7
 
+GANG_SIZES = (8, 16, 24, 32)
+GANG_EVERY = 3  # every third pending job is a gang
+
 FULL = {
     "cluster_gpus": (10, 100, 1_000, 8_000),
     "cluster_pending": 1_000,
     "queue_pending": (10, 100, 1_000, 10_000),
     "queue_gpus": 8_000,
+    "gang_point": (8_000, 1_000),
     "repeats": 5,
 }
 QUICK = {
@@ -76,6 +85,7 @@ QUICK = {
     "cluster_pending": 100,
     "queue_pending": (10, 100),
     "queue_gpus": 100,
+    "gang_point": (800, 60),
     "repeats": 3,
 }
 
@@ -125,9 +135,10 @@ def _job(
     )
 
 
-def build_state(gpus: int, pending: int, seed: int = 7) -> ClusterState:
+def build_state(gpus: int, pending: int, seed: int = 7, *, gangs: bool = False) -> ClusterState:
     """A snapshot with ``gpus`` GPUs (nodes of up to 8) and ``pending`` queued jobs (module
-    docstring); the same arguments always give the same snapshot."""
+    docstring); with ``gangs`` every third pending job asks 8, 16, 24 or 32 GPUs in turn. The
+    same arguments always give the same snapshot."""
     rng = random.Random(seed * 1_000_003 + gpus * 31 + pending)
     kinds = job_profiles(seed)
     nodes: list[NodeState] = []
@@ -186,21 +197,42 @@ def build_state(gpus: int, pending: int, seed: int = 7) -> ClusterState:
     for k in range(pending):
         draw = rng.random()
         size = 1 if draw < 0.85 else (2 if draw < 0.95 else 4)
+        if gangs and k % GANG_EVERY == GANG_EVERY - 1:
+            size = GANG_SIZES[(k // GANG_EVERY) % len(GANG_SIZES)]
         queue.append(_job(f"p{k:05d}", rng, kinds, size))
     return ClusterState(now_s=0.0, nodes=tuple(nodes), pending=tuple(queue), running=tuple(running))
+
+
+def gang_rows(
+    gpus: int, pending: int, policies: Sequence[str], repeats: int
+) -> list[dict[str, Any]]:
+    """The gang case (module docstring) for every policy; rows add ``gangs`` (pending gangs)
+    and ``gangs_placed`` (placed over several nodes)."""
+    state = build_state(gpus, pending, gangs=True)
+    gangs = sum(1 for j in state.pending if j.gpus >= GANG_SIZES[0])
+    rows = []
+    for name in policies:
+        try:
+            row = time_policy(name, state, repeats)
+            row["gangs"] = gangs
+        except Exception as exc:  # a broken policy must not hide the others' figures
+            row = {"policy": name, "gpus": gpus, "pending": pending, "error": f"{exc!r}"}
+        rows.append(row)
+    return rows
 
 
 def time_policy(name: str, state: ClusterState, repeats: int) -> dict[str, Any]:
     """Median cycle time and per-job latency of policy ``name`` on ``state``, cold (a new
     policy object per cycle) and warm (one object reused)."""
     cycles = []
-    placed = 0
+    placed = spread = 0
     for _ in range(repeats):
         policy = build_policy(name)
         t0 = time.perf_counter()
         plan = policy.schedule(state, random.Random(0))
         cycles.append(time.perf_counter() - t0)
         placed = len(plan.decisions)
+        spread = sum(1 for d in plan.decisions if d.placement.is_gang)
     warm = []
     policy = build_policy(name)
     policy.schedule(state, random.Random(0))
@@ -216,6 +248,7 @@ def time_policy(name: str, state: ClusterState, repeats: int) -> dict[str, Any]:
         "nodes": len(state.nodes),
         "pending": len(state.pending),
         "placed": placed,
+        "gangs_placed": spread,
         "cycle_ms": 1000.0 * cycle,
         "per_job_ms": 1000.0 * cycle / jobs,
         "per_job_ms_max": 1000.0 * max(cycles) / jobs,
@@ -309,6 +342,27 @@ def run(quick: bool = False) -> dict:
     )
     print(format_rows(queue_rows))
 
+    gang_gpus, gang_pending = sizes["gang_point"]
+    gang = gang_rows(int(gang_gpus), int(gang_pending), policies, repeats)
+    print()
+    print(
+        f"Gang case: {gang_gpus:,} GPUs, {gang_pending:,} pending, every {GANG_EVERY}rd a gang "
+        f"of {'/'.join(map(str, GANG_SIZES))} GPUs (median of {repeats} cycles)"
+    )
+    print(format_rows(gang))
+    print(
+        "gangs placed over several nodes: "
+        + ", ".join(f"{r['policy']} {r['gangs_placed']}" for r in gang if "error" not in r)
+    )
+    gang_goal = {r["policy"]: r["per_job_ms"] for r in gang if "error" not in r}
+    gang_met = len(gang_goal) == len(gang) and all(v < GOAL_MS for v in gang_goal.values())
+    if not quick:
+        worst = max(gang_goal, key=lambda p: gang_goal[p]) if gang_goal else None
+        print(
+            f"Gang goal (< {GOAL_MS:g} ms per job): {'met' if gang_met else 'NOT met'}"
+            + (f"; slowest {worst}, {gang_goal[worst]:.3f} ms/job" if worst else "")
+        )
+
     goal: dict[str, Any] = {}
     for r in (*cluster_rows, *queue_rows):
         if r.get("gpus") == GOAL_GPUS and r.get("pending") == GOAL_PENDING and "error" not in r:
@@ -343,6 +397,12 @@ def run(quick: bool = False) -> dict:
     summary[f"goal < {GOAL_MS:g} ms/job @ 8,000 GPUs, 1,000 queued"] = (
         ("met" if goal_met else "NOT met") if goal else "not measured (quick)"
     )
+    for r in gang:
+        if "error" not in r:
+            summary[f"{r['policy']} ms/job, gang case"] = round(r["per_job_ms"], 4)
+    summary[f"gang goal < {GOAL_MS:g} ms/job @ {gang_gpus:,} GPUs, {gang_pending:,} queued"] = (
+        "met" if gang_met else "NOT met"
+    )
     return {
         "definition": "median over repeats of one policy.schedule() wall time / pending jobs",
         "goal_ms": GOAL_MS,
@@ -350,6 +410,8 @@ def run(quick: bool = False) -> dict:
         "goal_met": goal_met,
         "cluster_sweep": cluster_rows,
         "queue_sweep": queue_rows,
+        "gang_case": gang,
+        "gang_goal_met": gang_met,
         "summary": summary,
     }
 

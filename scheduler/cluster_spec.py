@@ -24,6 +24,9 @@ from typing import Any
 from scheduler.catalog import CATALOG, UnknownGpuModel, canonical_model, has_mps_thread_limit
 from scheduler.domain import GpuSpec, GpuState, MigProfile, NodeKind, NodeState, SharingMode
 from scheduler.inputs import (
+    MAX_JOB_GPUS,
+    MAX_MB,
+    FieldLoc,
     InputError,
     line_of,
     load_yaml,
@@ -33,6 +36,8 @@ from scheduler.inputs import (
 )
 
 DEFAULT_CPUS = 8  # cores of a node whose group gives no ``cpus``
+MAX_NODES = 100_000  # nodes in one cluster spec (beyond: a typo, not a cluster)
+MAX_GPUS_PER_NODE = 1_024
 
 _GROUP_FIELDS = {"name", "count", "gpu_model", "gpus_per_node", "cpus", "memory_mb"}
 _GPU_FIELDS = {f.name for f in dataclasses.fields(GpuSpec)} - {"model"}
@@ -69,7 +74,7 @@ class ClusterSpec:
         """Idle ``NodeState`` snapshots of every node, in file order."""
         out = []
         for n in self.nodes:
-            gpus = ()
+            gpus: tuple[GpuState, ...] = ()
             if n.gpu_model is not None:
                 spec = self.gpu_models[n.gpu_model]
                 gpus = tuple(GpuState(node=n.name, index=i, spec=spec) for i in range(n.gpu_count))
@@ -141,7 +146,7 @@ def _parse_group(
     gline: int | None,
     seen: set[str],
 ) -> list[NodeSpec]:
-    def where(key: str) -> dict[str, Any]:
+    def where(key: str) -> FieldLoc:
         return {"file": source, "line": line_of(group, key) or gline, "field": f"nodes[{i}].{key}"}
 
     unknown = set(group) - _GROUP_FIELDS
@@ -153,9 +158,13 @@ def _parse_group(
     name = group.get("name")
     if not isinstance(name, str) or not name.strip():
         raise InputError("every node group needs a name", **where("name"))
-    count = to_int(group.get("count", 1), minimum=1, **where("count"))
-    cores = to_int(group.get("cpus", DEFAULT_CPUS), minimum=1, **where("cpus"))
-    memory = to_float(group.get("memory_mb", 0), minimum=0, **where("memory_mb")) or 0.0
+    count = to_int(group.get("count", 1), minimum=1, maximum=MAX_NODES, **where("count"))
+    if len(seen) + count > MAX_NODES:
+        raise InputError(f"more than {MAX_NODES:,} nodes in the cluster", **where("count"))
+    cores = to_int(
+        group.get("cpus", DEFAULT_CPUS), minimum=1, maximum=MAX_JOB_GPUS, **where("cpus")
+    )
+    memory = to_float(group.get("memory_mb", 0), minimum=0, maximum=MAX_MB, **where("memory_mb"))
     model_name = group.get("gpu_model")
     model: str | None = None
     gpu_count = 0
@@ -167,7 +176,12 @@ def _parse_group(
                 f"unknown GPU model {model_name!r}; known: {known} (or define it under gpu_models)",
                 **where("gpu_model"),
             )
-        gpu_count = to_int(group.get("gpus_per_node", 1), minimum=1, **where("gpus_per_node"))
+        gpu_count = to_int(
+            group.get("gpus_per_node", 1),
+            minimum=1,
+            maximum=MAX_GPUS_PER_NODE,
+            **where("gpus_per_node"),
+        )
     elif "gpus_per_node" in group and group["gpus_per_node"] not in (0, None):
         raise InputError("a group with GPUs needs a gpu_model", **where("gpus_per_node"))
     out = []
@@ -212,7 +226,7 @@ def _parse_gpu_models(section: Any, source: str | Path, sline: int | None) -> di
         base = models.get(name)
         values: dict[str, Any] = {}
         for key, value in fields.items():
-            loc = {
+            loc: FieldLoc = {
                 "file": source,
                 "line": line_of(fields, key) or mline,
                 "field": f"gpu_models.{raw_name}.{key}",
@@ -239,13 +253,15 @@ def _parse_gpu_models(section: Any, source: str | Path, sline: int | None) -> di
     return models
 
 
-def _gpu_field(key: str, value: Any, loc: dict[str, Any]) -> Any:
+def _gpu_field(key: str, value: Any, loc: FieldLoc) -> Any:
     if key == "architecture":
         return str(value)
     if key in ("memory_mb", "sm_count", "mig_total_slices"):
-        return to_int(value, minimum=0, **loc)
+        return to_int(
+            value, minimum=0, maximum=int(MAX_MB) if key == "memory_mb" else 1_000_000, **loc
+        )
     if key in ("dram_bw_gbps", "peak_gflops"):
-        return to_float(value, minimum=0, **loc)
+        return to_float(value, minimum=0, maximum=1e9, **loc)
     if key == "mps_thread_limit":
         if not isinstance(value, bool):
             raise InputError("expected true or false", **loc)
@@ -264,13 +280,14 @@ def _gpu_field(key: str, value: Any, loc: dict[str, Any]) -> Any:
         out = []
         for p in value:
             p = require_mapping(p, **loc)
-            try:
-                out.append(
-                    MigProfile(str(p["name"]), int(p["compute_slices"]), int(p["memory_mb"]))
+            if not {"name", "compute_slices", "memory_mb"} <= set(p):
+                raise InputError("a MIG profile needs name, compute_slices, memory_mb", **loc)
+            out.append(
+                MigProfile(
+                    str(p["name"]),
+                    to_int(p["compute_slices"], minimum=1, maximum=1_000, **loc),
+                    to_int(p["memory_mb"], minimum=1, maximum=int(MAX_MB), **loc),
                 )
-            except (KeyError, TypeError, ValueError):
-                raise InputError(
-                    f"bad MIG profile {dict(p)!r}; needs name, compute_slices, memory_mb", **loc
-                ) from None
+            )
         return tuple(out)
     raise InputError("unsupported field", **loc)  # pragma: no cover - guarded above

@@ -14,6 +14,14 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+#: Speed of a multi-GPU job spread over several nodes relative to the same job on one node,
+#: for profiles without a measured unconsolidated time: 0.74, the median of the 165 ratios
+#: ``throughput(unconsolidated) / throughput(consolidated)`` of Gavel's multi-GPU measurements
+#: (``data/gavel/solo_throughput.csv``, scale factors 2, 4 and 8 on K80, P100 and V100; the
+#: ratios range from 0.10 to 1.35 and depend on the model: V100 at 8 GPUs has a median of
+#: 0.30). ``tests/scheduler/test_gangs.py`` recomputes it from the file.
+UNCONSOLIDATED_SPEED = 0.74
+
 
 class SharingMode(StrEnum):
     """How a GPU is shared (ALGORITHMS.md §4, Table 1)."""
@@ -102,13 +110,19 @@ class Profile:
     """An application profile: every metric of ALGORITHMS.md §1-§4, all optional but the name.
 
     ``gpu_time_s`` maps a GPU model name (catalogue key, e.g. ``"V100"``) to the solo run time
-    on one such GPU (for a multi-GPU job: the solo run time with ``scale_factor`` GPUs of it).
+    on one such GPU (for a multi-GPU job: the solo run time with ``scale_factor`` GPUs of it on
+    one node). ``gpu_time_unconsolidated_s`` maps a model to the solo run time of the same job
+    spread over several nodes (a gang: slower where the gradients cross the network; Gavel
+    measured it, the ``*_unconsolidated`` rows of its throughput table). Where it is missing,
+    ``spread_time_s`` divides the consolidated time by a speed factor (``UNCONSOLIDATED_SPEED``
+    unless the caller says otherwise).
     """
 
     name: str
     kind: JobKind = JobKind.OTHER
     cpu_time_s: float | None = None
     gpu_time_s: Mapping[str, float] = field(default_factory=dict)
+    gpu_time_unconsolidated_s: Mapping[str, float] = field(default_factory=dict)
     gpu_memory_max_mb: float | None = None
     gpu_memory_avg_mb: float | None = None
     memory_steps: tuple[MemoryStep, ...] = ()
@@ -143,6 +157,18 @@ class Profile:
             return self.cpu_time_s
         return self.gpu_time_s.get(gpu_model)
 
+    def spread_time_s(
+        self, gpu_model: str, speed: float = UNCONSOLIDATED_SPEED
+    ) -> tuple[float | None, bool]:
+        """(solo run time spread over several nodes of ``gpu_model``, measured?): the profiled
+        unconsolidated time, else the consolidated time / ``speed`` (None if neither is known).
+        """
+        measured = self.gpu_time_unconsolidated_s.get(gpu_model)
+        if measured is not None:
+            return measured, True
+        base = self.gpu_time_s.get(gpu_model)
+        return (None if base is None else base / speed), False
+
 
 @dataclass(frozen=True, slots=True)
 class JobSpec:
@@ -175,6 +201,17 @@ class JobSpec:
 
     def solo_time_s(self, gpu_model: str | None) -> float | None:
         return None if self.profile is None else self.profile.solo_time_s(gpu_model)
+
+    def run_time_s(
+        self, gpu_model: str | None, *, spread: bool = False, speed: float = UNCONSOLIDATED_SPEED
+    ) -> float | None:
+        """Solo run time on ``gpu_model`` (None: CPU), on one node or ``spread`` over several
+        (see ``Profile.spread_time_s``); None if the profile does not say."""
+        if self.profile is None:
+            return None
+        if spread and gpu_model is not None:
+            return self.profile.spread_time_s(gpu_model, speed)[0]
+        return self.profile.solo_time_s(gpu_model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +273,8 @@ class Placement:
     @property
     def gpu_keys(self) -> tuple[tuple[str, int], ...]:
         """``(node, gpu index)`` of every GPU, in rank order."""
+        if not self.more:
+            return tuple((self.node, i) for i in self.gpu_indices)
         return tuple((p.node, i) for p in self.parts for i in p.gpu_indices)
 
 

@@ -138,8 +138,10 @@ def _load_colocation(path: str) -> tuple[dict[tuple[str, str, str], float], dict
             try:
                 gpu_type = row["gpu_type"].strip().lower()
                 feasible = row["feasible"].strip() not in ("0", "false", "False")
-                pairs = ((row["job_a"], row["job_b"], row["norm_a"]),)
-                pairs += ((row["job_b"], row["job_a"], row["norm_b"]),)
+                pairs = (
+                    (row["job_a"], row["job_b"], row["norm_a"]),
+                    (row["job_b"], row["job_a"], row["norm_b"]),
+                )
                 for job, other, norm_text in pairs:
                     norm = float(norm_text)
                     s = 1.0 / norm if feasible and norm > 0 else math.inf

@@ -20,6 +20,13 @@ Definitions (docs/simulator.md, "Metrics"):
 - ANTT = mean of turnaround / solo time, turnaround = finish - arrival (§3; lower is better).
 - Fairness = min speedup / max speedup over completed jobs (§3; 0..1).
 - GPU utilisation = busy GPU-seconds / (GPUs x (last finish - first arrival)).
+
+**Complete runs only.** A run is *complete* when every admitted job (every job but those
+rejected at arrival because the cluster could never run them) completed. Averages over the
+completed jobs flatter a run that left its hardest jobs unfinished, so the summary gives
+``avg_jct_s``, ``avg_queue_s``, ``makespan_s`` and ``antt`` only for complete runs (NaN, an
+empty cell in CSV, otherwise), says why in ``status`` and ranks complete runs only
+(``ranking``).
 """
 
 from __future__ import annotations
@@ -28,9 +35,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 
 COMPLETED = "completed"
+REJECTED = "rejected"
+COMPLETE = "complete"
+#: Columns given only for complete runs (see the module docstring).
+COMPLETE_ONLY = ("avg_jct_s", "avg_queue_s", "makespan_s", "antt")
 
 
 def completed(jobs: pd.DataFrame) -> pd.DataFrame:
@@ -146,8 +157,10 @@ def latency_ms(latencies_s: Sequence[float]) -> tuple[float, float]:
 
 SUMMARY_COLUMNS = [
     "policy",
+    "status",
     "jobs",
     "completed",
+    "rejected",
     "failed_oom",
     "unschedulable",
     "unfinished",
@@ -180,7 +193,9 @@ def summary_row(
     oom_count: int,
     **extra: Any,
 ) -> dict[str, Any]:
-    """One row of the comparison table (``SUMMARY_COLUMNS``)."""
+    """One row of the comparison table (``SUMMARY_COLUMNS``). ``status`` is ``complete`` or
+    ``incomplete: ...`` with the counts of jobs that did not complete; the ``COMPLETE_ONLY``
+    columns are NaN for an incomplete run."""
     reasons = jobs["end_reason"].value_counts()
     first, last = span(jobs)
     busy = busy_gpu_seconds(timeline[timeline["t_s"] <= last], last) if last == last else 0.0
@@ -188,8 +203,10 @@ def summary_row(
     p50, p99 = latency_ms(latencies_s)
     row = {
         "policy": policy,
+        "status": run_status(reasons),
         "jobs": len(jobs),
         "completed": int(reasons.get(COMPLETED, 0)),
+        "rejected": int(reasons.get(REJECTED, 0)),
         "failed_oom": int(reasons.get("failed-oom", 0)),
         "unschedulable": int(reasons.get("unschedulable", 0)),
         "unfinished": int(reasons.get("unfinished", 0)),
@@ -207,8 +224,32 @@ def summary_row(
         "decision_ms_p50": p50,
         "decision_ms_p99": p99,
     }
+    if row["status"] != COMPLETE:
+        for column in COMPLETE_ONLY:
+            row[column] = float("nan")
     row.update(extra)
     return row
+
+
+def run_status(reasons: Any) -> str:
+    """``complete`` if every job that was not rejected completed, else ``incomplete: 3
+    unschedulable, 1 unfinished`` (``reasons``: end reason -> count)."""
+    missing = {
+        str(reason): int(count)
+        for reason, count in dict(reasons).items()
+        if reason not in (COMPLETED, REJECTED) and count
+    }
+    if not missing:
+        return COMPLETE
+    return "incomplete: " + ", ".join(f"{n} {r}" for r, n in sorted(missing.items()))
+
+
+def ranking(summary: pd.DataFrame, by: str = "avg_jct_s") -> list[tuple[str, float]]:
+    """(policy, value) of the complete runs, best (lowest ``by``) first; incomplete runs are
+    left out whatever their figures."""
+    done = summary[summary["status"] == COMPLETE].dropna(subset=[by])
+    done = done.sort_values(by, kind="stable")
+    return [(str(p), float(v)) for p, v in zip(done["policy"], done[by], strict=True)]
 
 
 def summarize(result: Any) -> dict[str, Any]:
@@ -225,3 +266,31 @@ def summarize(result: Any) -> dict[str, Any]:
         events=result.events,
         wall_s=result.wall_s,
     )
+
+
+def summary_notes(summary: pd.DataFrame) -> list[str]:
+    """Lines under the table: incomplete runs (and why), rejected jobs, and the ranking by
+    average JCT over complete runs only (``scheduler.metrics.ranking``)."""
+    lines = []
+    for _, row in summary.iterrows():
+        if row["status"] != COMPLETE:
+            lines.append(
+                f"INCOMPLETE {row['policy']}: {row['status'].removeprefix('incomplete: ')} "
+                "(avg JCT, queueing delay, makespan and ANTT not given: they would count only "
+                "the jobs that finished)"
+            )
+    rejected = summary["rejected"].max() if len(summary) else 0
+    if rejected:
+        lines.append(
+            f"{int(rejected)} job(s) rejected at arrival: the cluster could never run them "
+            "(jobs.csv says why)"
+        )
+    ranked = ranking(summary)
+    if ranked:
+        lines.append(
+            "ranking by avg JCT (complete runs only): "
+            + ", ".join(f"{i}. {p} {v:,.0f} s" for i, (p, v) in enumerate(ranked, start=1))
+        )
+    elif len(summary):
+        lines.append("ranking: no complete run to rank")
+    return lines

@@ -12,8 +12,10 @@ import html
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
-import plotly.graph_objects as go
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
+import plotly.graph_objects as go  # type: ignore[import-untyped]  # plotly ships no type hints
+
+from scheduler.metrics import summary_notes
 
 MAX_POINTS = 4000  # per line; longer series are thinned (plots only, metrics use all points)
 
@@ -45,15 +47,20 @@ def _layout(fig: go.Figure, title: str, xlabel: str, ylabel: str) -> go.Figure:
 
 
 def jct_cdf_figure(jobs: pd.DataFrame) -> go.Figure:
-    """CDF of job completion time (completed jobs), one line per policy."""
+    """CDF of job completion time (completed jobs), one line per policy; a policy that left
+    admitted jobs unfinished is labelled incomplete (its CDF covers only what finished)."""
     fig = go.Figure()
     done = jobs[jobs["end_reason"] == "completed"]
+    admitted = jobs[jobs["end_reason"] != "rejected"].groupby("policy", sort=False).size()
     divisor, label = _time_axis([done], "jct_s")
     for policy, group in done.groupby("policy", sort=False):
         jct = np.sort(group["jct_s"].to_numpy(dtype=float)) / divisor
         frac = np.arange(1, len(jct) + 1) / len(jct)
         pts = _thin(pd.DataFrame({"x": jct, "y": frac}))
-        fig.add_trace(go.Scatter(x=pts["x"], y=pts["y"], mode="lines", name=str(policy)))
+        name = str(policy)
+        if len(group) < admitted.get(policy, 0):
+            name += f" (incomplete: {len(group)} of {admitted[policy]} completed)"
+        fig.add_trace(go.Scatter(x=pts["x"], y=pts["y"], mode="lines", name=name))
     return _layout(
         fig, "Job completion time (CDF)", label.replace("time", "JCT"), "fraction of jobs"
     )
@@ -122,6 +129,18 @@ def queue_figure(timeline: pd.DataFrame) -> go.Figure:
     return _layout(fig, "Queue length", label, "queued jobs")
 
 
+def notes_of(summary: pd.DataFrame) -> list[str]:
+    """The report's status lines: incomplete runs, rejected jobs, the ranking of complete
+    runs (the same lines the command line prints)."""
+    return summary_notes(summary)
+
+
+def _note_class(note: str) -> str:
+    if note.startswith("INCOMPLETE"):
+        return "incomplete"
+    return "ranking" if note.startswith("ranking") else "note"
+
+
 def write_report(
     path: str | Path,
     *,
@@ -144,7 +163,10 @@ def write_report(
     for i, fig in enumerate(figures):
         parts.append(fig.to_html(full_html=False, include_plotlyjs=(i == 0)))
     table = summary.to_html(
-        index=False, float_format=lambda v: f"{v:,.3f}", border=0, classes="summary"
+        index=False, float_format=lambda v: f"{v:,.3f}", border=0, classes="summary", na_rep=""
+    )
+    status = "\n".join(
+        f'<p class="{_note_class(n)}">{html.escape(n)}</p>' for n in notes_of(summary)
     )
     doc = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -155,9 +177,12 @@ table.summary th, table.summary td {{ padding: 0.25em 0.6em; border-bottom: 1px 
   text-align: right; }}
 table.summary th:first-child, table.summary td:first-child {{ text-align: left; }}
 .fig {{ max-width: 1100px; }}
+.incomplete {{ color: #a40000; font-weight: bold; }}
+.ranking {{ font-weight: bold; }}
 </style></head><body>
 <h1>{html.escape(title)}</h1>
 <p>{html.escape(notes)}</p>
+{status}
 {table}
 {"".join(f'<div class="fig">{p}</div>' for p in parts)}
 </body></html>

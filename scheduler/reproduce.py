@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints
 
 from scheduler.domain import JobSpec
 from scheduler.interference import build_interference

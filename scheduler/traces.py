@@ -22,15 +22,32 @@ from __future__ import annotations
 import csv
 import dataclasses
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from scheduler.catalog import CATALOG, UnknownGpuModel, canonical_model
 from scheduler.domain import JobKind, JobSpec, MemoryStep, Profile, StallReasons
-from scheduler.inputs import InputError, line_of, load_yaml, require_mapping, to_float, to_int
+from scheduler.inputs import (
+    MAX_CELL_CHARS,
+    MAX_JOB_GPUS,
+    MAX_LINE_CHARS,
+    MAX_MB,
+    MAX_SECONDS,
+    MAX_STEPS,
+    FieldLoc,
+    InputError,
+    Loc,
+    check_text,
+    line_of,
+    load_yaml,
+    require_mapping,
+    sniff_binary,
+    to_float,
+    to_int,
+)
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 GAVEL_SOLO_CSV = DATA_DIR / "gavel" / "solo_throughput.csv"
@@ -58,62 +75,120 @@ ThroughputTable = Mapping[tuple[str, int], Mapping[str, float]]
 
 
 def _csv_rows(path: str | Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) for each data row; checks the header has ``required`` columns."""
+    """(line number, row) for each data row; checks the header has ``required`` columns.
+
+    Hardened against what a wrong file holds (issue 12): a binary file, bytes that are not
+    UTF-8, NUL characters and lone surrogates, a cell over ``MAX_CELL_CHARS`` or a line over
+    ``MAX_LINE_CHARS`` characters each give one ``InputError`` naming file, line and column,
+    never a traceback. Rows are read lazily: the error comes at the first bad row.
+    """
+    sniff_binary(path)
     try:
-        f = open(path, newline="")  # noqa: SIM115 - closed in the finally below
+        # surrogateescape: a byte that is not UTF-8 becomes a lone surrogate, reported with
+        # its line and column by check_text rather than as a decoding traceback.
+        f = open(path, newline="", encoding="utf-8", errors="surrogateescape")  # noqa: SIM115
     except OSError as exc:
         raise InputError(f"cannot read file ({exc.strerror})", file=path) from exc
     try:
-        reader = csv.DictReader(f)
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        reader.fieldnames = header
-        missing = [c for c in required if c not in header]
-        if missing:
+        header: list[str] = []
+        reader = csv.reader(_bounded_lines(f, path, header))
+        try:
+            first = next(reader, [])
+            header.extend(h.strip() for h in first)
+            for i, name in enumerate(header):
+                check_text(name, file=path, line=1, field=f"column {i + 1}", limit=256)
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise InputError(
+                    f"missing column(s) {', '.join(missing)}; header is "
+                    f"{', '.join(header) or 'empty'}",
+                    file=path,
+                    line=1,
+                    field=missing[0],
+                )
+            for cells in reader:
+                line = reader.line_num
+                if not any(c.strip() for c in cells):
+                    continue  # blank line
+                row: dict[str, str] = {}
+                for name, cell in zip(header, cells, strict=False):
+                    if name:
+                        row[name] = check_text(cell.strip(), file=path, line=line, field=name)
+                yield line, row
+        except csv.Error as exc:
             raise InputError(
-                f"missing column(s) {', '.join(missing)}; header is {', '.join(header) or 'empty'}",
-                file=path,
-                line=1,
-                field=missing[0],
-            )
-        for row in reader:
-            if not any((v or "").strip() for v in row.values() if isinstance(v, str)):
-                continue  # blank line
-            yield reader.line_num, {k: (v or "").strip() for k, v in row.items() if k}
+                f"not a readable CSV row ({exc})", file=path, line=reader.line_num
+            ) from None
     finally:
         f.close()
 
 
+def _bounded_lines(f: Iterable[str], path: str | Path, header: list[str]) -> Iterator[str]:
+    """The lines of ``f``; InputError for a line over ``MAX_LINE_CHARS`` characters, naming
+    the column whose cell overflows (``header``: the parsed header, once known)."""
+    for number, line in enumerate(f, start=1):
+        if len(line) > MAX_LINE_CHARS:
+            field = None
+            if header:
+                cells = next(csv.reader([line[:MAX_LINE_CHARS]]), [])
+                if cells:
+                    index = len(cells) - 1
+                    field = header[index] if index < len(header) else f"column {index + 1}"
+            raise InputError(
+                f"a line of {len(line):,} characters; at most {MAX_LINE_CHARS:,} "
+                f"(cells at most {MAX_CELL_CHARS:,})",
+                file=path,
+                line=number,
+                field=field,
+            )
+        yield line
+
+
 def csv_header(path: str | Path) -> list[str]:
-    """The column names of a CSV file (stripped), or InputError if unreadable."""
+    """The column names of a CSV file (stripped), or InputError if unreadable or binary."""
+    sniff_binary(path)
     try:
-        with open(path, newline="") as f:
-            return [h.strip() for h in next(csv.reader(f), [])]
+        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
+            first = next(_bounded_lines(f, path, []), "")
+            return [h.strip() for h in next(csv.reader([first]), [])]
     except OSError as exc:
         raise InputError(f"cannot read file ({exc.strerror})", file=path) from exc
+    except csv.Error as exc:
+        raise InputError(f"not a readable CSV header ({exc})", file=path, line=1) from None
 
 
 # --------------------------------------------------------------------------------------------
 # Gavel
 
 
+_UNCONSOLIDATED = "_unconsolidated"
+
+_Table = dict[tuple[str, int], dict[str, float]]
+
+
 @functools.lru_cache(maxsize=4)
-def _load_solo_throughputs(path: str) -> dict[tuple[str, int], dict[str, float]]:
-    table: dict[tuple[str, int], dict[str, float]] = {}
+def _load_throughput_tables(path: str) -> tuple[_Table, _Table]:
+    """(consolidated, unconsolidated) throughput tables of a Gavel solo-throughput CSV."""
+    tables: tuple[_Table, _Table] = ({}, {})
     for line, row in _csv_rows(path, ("job_type", "scale_factor", "gpu_type", "throughput")):
-        if row.get("consolidated", "1") not in ("1", "True", "true"):
+        gpu_type = row["gpu_type"]
+        spread = gpu_type.endswith(_UNCONSOLIDATED)
+        if not spread and row.get("consolidated", "1") not in ("1", "True", "true"):
             continue
+        if spread:
+            gpu_type = gpu_type[: -len(_UNCONSOLIDATED)]
         try:
-            model = canonical_model(row["gpu_type"])
+            model = canonical_model(gpu_type)
         except UnknownGpuModel:
             raise InputError(
                 f"unknown GPU type {row['gpu_type']!r}", file=path, line=line, field="gpu_type"
             ) from None
         scale = to_int(row["scale_factor"], file=path, line=line, field="scale_factor", minimum=1)
         tput = to_float(row["throughput"], file=path, line=line, field="throughput", minimum=0)
-        entry = table.setdefault((row["job_type"], scale), {})
+        entry = tables[spread].setdefault((row["job_type"], scale), {})
         if tput:
             entry[model] = tput
-    return table
+    return tables
 
 
 def load_solo_throughputs(path: str | Path = GAVEL_SOLO_CSV) -> ThroughputTable:
@@ -121,21 +196,33 @@ def load_solo_throughputs(path: str | Path = GAVEL_SOLO_CSV) -> ThroughputTable:
 
     Models measured at throughput 0 (infeasible) are absent from the inner mapping.
     """
-    return _load_solo_throughputs(str(path))
+    return _load_throughput_tables(str(path))[0]
+
+
+def load_unconsolidated_throughputs(path: str | Path = GAVEL_SOLO_CSV) -> ThroughputTable:
+    """Like ``load_solo_throughputs`` for the ``<model>_unconsolidated`` rows: the job's
+    throughput with its ``scale_factor`` GPUs spread over several servers."""
+    return _load_throughput_tables(str(path))[1]
 
 
 def read_gavel_trace(
-    path: str | Path, *, throughputs: ThroughputTable | None = None
+    path: str | Path,
+    *,
+    throughputs: ThroughputTable | None = None,
+    unconsolidated: ThroughputTable | None = None,
 ) -> list[JobSpec]:
     """Jobs of a Gavel trace CSV, with Profiles whose ``gpu_time_s`` (seconds) come from the
-    solo-throughput table. Raises InputError for unknown job types, bad numbers, missing
-    columns."""
+    solo-throughput table and, for multi-GPU jobs, ``gpu_time_unconsolidated_s`` from its
+    unconsolidated rows (the time when spread over several nodes). Raises InputError for
+    unknown job types, bad numbers, missing columns."""
     table = throughputs if throughputs is not None else load_solo_throughputs()
+    if unconsolidated is None:
+        unconsolidated = {} if throughputs is not None else load_unconsolidated_throughputs()
     profiles: dict[tuple[str, int, float], Profile] = {}
     jobs: list[JobSpec] = []
     seen: set[str] = set()
     for line, row in _csv_rows(path, GAVEL_COLUMNS):
-        loc = {"file": path, "line": line}
+        loc: Loc = {"file": path, "line": line}
         job_id = row["job_id"]
         if not job_id:
             raise InputError("missing value", field="job_id", **loc)
@@ -143,9 +230,16 @@ def read_gavel_trace(
             raise InputError(f"job id {job_id!r} used twice", field="job_id", **loc)
         seen.add(job_id)
         job_type = row["job_type"]
-        arrival = to_float(row["arrival_time_s"], field="arrival_time_s", minimum=0, **loc)
-        steps = to_float(row["total_steps"], field="total_steps", minimum=0, **loc)
-        scale = to_int(row["scale_factor"], field="scale_factor", minimum=1, **loc)
+        arrival = to_float(
+            row["arrival_time_s"], field="arrival_time_s", minimum=0, maximum=MAX_SECONDS, **loc
+        )
+        # A job with no steps has no work: refused rather than "completed" at its arrival.
+        steps = to_float(
+            row["total_steps"], field="total_steps", positive=True, maximum=MAX_STEPS, **loc
+        )
+        scale = to_int(
+            row["scale_factor"], field="scale_factor", minimum=1, maximum=MAX_JOB_GPUS, **loc
+        )
         tputs = table.get((job_type, scale))
         if tputs is None:
             known_types = sorted({t for t, _ in table})
@@ -171,17 +265,21 @@ def read_gavel_trace(
         key = (job_type, scale, steps)
         profile = profiles.get(key)
         if profile is None:
+            spread = unconsolidated.get((job_type, scale), {}) if scale > 1 else {}
             profile = Profile(
                 name=job_type if scale == 1 else f"{job_type} x{scale}",
                 kind=JobKind.DL_TRAIN,
                 gpu_time_s={m: steps / t for m, t in sorted(tputs.items())},
+                gpu_time_unconsolidated_s={
+                    m: steps / t for m, t in sorted(spread.items()) if m in tputs
+                },
                 batch_size=_int_or_none(row.get("batch_size")),
             )
             profiles[key] = profile
         params: dict[str, Any] = {"total_steps": steps}
         if row.get("priority_weight"):
             params["priority_weight"] = to_float(
-                row["priority_weight"], field="priority_weight", **loc
+                row["priority_weight"], field="priority_weight", minimum=0, maximum=1e6, **loc
             )
         jobs.append(
             JobSpec(
@@ -253,7 +351,11 @@ def parse_profiles(data: Any, *, source: str | Path = "<profiles>") -> dict[str,
 def _parse_profile(item: Mapping, i: int, source: str | Path, iline: int | None) -> Profile:
     values: dict[str, Any] = {}
     for key, value in item.items():
-        loc = {"file": source, "line": line_of(item, key) or iline, "field": f"profiles[{i}].{key}"}
+        loc: FieldLoc = {
+            "file": source,
+            "line": line_of(item, key) or iline,
+            "field": f"profiles[{i}].{key}",
+        }
         fld = _PROFILE_FIELDS.get(key)
         if fld is None:
             raise InputError("unknown profile field", **loc)
@@ -267,7 +369,7 @@ def _parse_profile(item: Mapping, i: int, source: str | Path, iline: int | None)
     return Profile(**values)
 
 
-def _profile_value(key: str, type_text: str, value: Any, loc: dict[str, Any]) -> Any:
+def _profile_value(key: str, type_text: str, value: Any, loc: FieldLoc) -> Any:
     if key == "name":
         return str(value)
     if key == "kind":
@@ -276,7 +378,7 @@ def _profile_value(key: str, type_text: str, value: Any, loc: dict[str, Any]) ->
         except ValueError:
             known = ", ".join(k.value for k in JobKind)
             raise InputError(f"unknown kind {value!r}; known: {known}", **loc) from None
-    if key == "gpu_time_s":
+    if key in ("gpu_time_s", "gpu_time_unconsolidated_s"):
         value = require_mapping(value, **loc)
         times = {}
         for model, seconds in value.items():
@@ -284,7 +386,8 @@ def _profile_value(key: str, type_text: str, value: Any, loc: dict[str, Any]) ->
                 name = canonical_model(str(model))
             except UnknownGpuModel:
                 name = str(model)  # may be a model the cluster spec defines
-            times[name] = to_float(seconds, minimum=0, **loc)
+            # 0 marks a model the job cannot run on (Gavel's infeasible throughput)
+            times[name] = to_float(seconds, minimum=0, maximum=MAX_SECONDS, **loc)
         return times
     if key == "memory_steps":
         if not isinstance(value, list):
@@ -294,9 +397,11 @@ def _profile_value(key: str, type_text: str, value: Any, loc: dict[str, Any]) ->
             step = require_mapping(step, **loc)
             steps.append(
                 MemoryStep(
-                    start_fraction=to_float(step.get("start_fraction"), minimum=0, **loc),
-                    from_mb=to_float(step.get("from_mb"), minimum=0, **loc),
-                    to_mb=to_float(step.get("to_mb"), minimum=0, **loc),
+                    start_fraction=to_float(
+                        step.get("start_fraction"), minimum=0, maximum=1, **loc
+                    ),
+                    from_mb=to_float(step.get("from_mb"), minimum=0, maximum=MAX_MB, **loc),
+                    to_mb=to_float(step.get("to_mb"), minimum=0, maximum=MAX_MB, **loc),
                 )
             )
         steps.sort(key=lambda s: s.start_fraction)
@@ -308,11 +413,21 @@ def _profile_value(key: str, type_text: str, value: Any, loc: dict[str, Any]) ->
         unknown = set(value) - _STALL_FIELDS
         if unknown:
             raise InputError(f"unknown stall reason(s) {', '.join(sorted(unknown))}", **loc)
-        return StallReasons(**{k: to_float(v, **loc) for k, v in value.items()})
+        return StallReasons(
+            **{k: to_float(v, minimum=0, maximum=100, **loc) for k, v in value.items()}
+        )
     if type_text.startswith("int"):
-        return to_int(value, **loc)
+        return to_int(value, minimum=0, **loc)
     if type_text.startswith("float"):
-        return to_float(value, **loc)
+        if key == "cpu_time_s":  # a CPU job with no work: refused
+            return to_float(value, positive=True, maximum=MAX_SECONDS, **loc)
+        if key.endswith("_s"):
+            return to_float(value, minimum=0, maximum=MAX_SECONDS, **loc)
+        if key.endswith("_mb"):
+            return to_float(value, minimum=0, maximum=MAX_MB, **loc)
+        if key.endswith("_pct"):
+            return to_float(value, minimum=0, maximum=100, **loc)
+        return to_float(value, minimum=0, maximum=1e12, **loc)
     raise InputError("unsupported field type", **loc)  # pragma: no cover
 
 
@@ -328,7 +443,7 @@ def read_profile_trace(
     jobs: list[JobSpec] = []
     seen: set[str] = set()
     for line, row in _csv_rows(path, PROFILE_TRACE_COLUMNS):
-        loc = {"file": path, "line": line}
+        loc: Loc = {"file": path, "line": line}
         job_id = row["job_id"]
         if not job_id:
             raise InputError("missing value", field="job_id", **loc)
@@ -348,18 +463,31 @@ def read_profile_trace(
             except ValueError:
                 raise InputError(f"unknown kind {row['kind']!r}", field="kind", **loc) from None
         mem = to_float(
-            row.get("gpu_memory_mb"), field="gpu_memory_mb", minimum=0, allow_none=True, **loc
+            row.get("gpu_memory_mb"),
+            field="gpu_memory_mb",
+            minimum=0,
+            maximum=MAX_MB,
+            allow_none=True,
+            **loc,
         )
         jobs.append(
             JobSpec(
                 id=job_id,
                 name=row.get("name") or profile.name,
                 kind=kind,
-                arrival_s=to_float(row["arrival_s"], field="arrival_s", minimum=0, **loc),
-                gpus=to_int(row.get("gpus") or 1, field="gpus", minimum=0, **loc),
+                arrival_s=to_float(
+                    row["arrival_s"], field="arrival_s", minimum=0, maximum=MAX_SECONDS, **loc
+                ),
+                gpus=to_int(
+                    row.get("gpus") or 1, field="gpus", minimum=0, maximum=MAX_JOB_GPUS, **loc
+                ),
                 gpu_memory_mb=mem,
-                cpus=to_int(row.get("cpus") or 1, field="cpus", minimum=1, **loc),
-                memory_mb=to_float(row.get("memory_mb") or 0, field="memory_mb", minimum=0, **loc),
+                cpus=to_int(
+                    row.get("cpus") or 1, field="cpus", minimum=1, maximum=MAX_JOB_GPUS, **loc
+                ),
+                memory_mb=to_float(
+                    row.get("memory_mb") or 0, field="memory_mb", minimum=0, maximum=MAX_MB, **loc
+                ),
                 priority=to_int(row.get("priority") or 0, field="priority", **loc),
                 profile=profile,
                 job_type=row.get("job_type") or None,
@@ -409,7 +537,7 @@ def profile_to_dict(profile: Profile) -> dict[str, Any]:
             continue
         if f.name == "kind":
             value = value.value
-        elif f.name == "gpu_time_s":
+        elif f.name in ("gpu_time_s", "gpu_time_unconsolidated_s"):
             value = dict(value)
         elif f.name == "memory_steps":
             value = [dataclasses.asdict(s) for s in value]
@@ -434,16 +562,22 @@ def read_alibaba_pods(path: str | Path, *, limit: int | None = None) -> list[Job
     """
     jobs: list[JobSpec] = []
     for line, row in _csv_rows(path, ALIBABA_COLUMNS):
-        loc = {"file": path, "line": line}
-        created = to_float(row["creation_time"], field="creation_time", minimum=0, **loc)
-        deleted = to_float(row["deletion_time"], field="deletion_time", **loc)
+        loc: Loc = {"file": path, "line": line}
+        created = to_float(
+            row["creation_time"], field="creation_time", minimum=0, maximum=MAX_SECONDS, **loc
+        )
+        deleted = to_float(
+            row["deletion_time"], field="deletion_time", minimum=0, maximum=MAX_SECONDS, **loc
+        )
         assert created is not None and deleted is not None
         duration = deleted - created
         if duration <= 0:
             continue
-        gpus = to_int(row["num_gpu"], field="num_gpu", minimum=0, **loc)
-        milli = to_float(row["gpu_milli"], field="gpu_milli", minimum=0, **loc) or 0.0
-        cpu_milli = to_float(row["cpu_milli"], field="cpu_milli", minimum=0, **loc) or 0.0
+        gpus = to_int(row["num_gpu"], field="num_gpu", minimum=0, maximum=MAX_JOB_GPUS, **loc)
+        milli = to_float(row["gpu_milli"], field="gpu_milli", minimum=0, maximum=1e6, **loc)
+        cpu_milli = to_float(
+            row["cpu_milli"], field="cpu_milli", minimum=0, maximum=1e3 * MAX_JOB_GPUS, **loc
+        )
         params: dict[str, Any] = {"qos": row.get("qos", ""), "pod_phase": row.get("pod_phase", "")}
         if gpus == 1 and 0 < milli < 1000:
             params["gpu_fraction"] = milli / 1000.0
@@ -461,7 +595,9 @@ def read_alibaba_pods(path: str | Path, *, limit: int | None = None) -> list[Job
                 arrival_s=created,
                 gpus=gpus,
                 cpus=max(1, -(-int(cpu_milli) // 1000)),
-                memory_mb=to_float(row.get("memory_mib") or 0, field="memory_mib", **loc) or 0,
+                memory_mb=to_float(
+                    row.get("memory_mib") or 0, field="memory_mib", minimum=0, maximum=MAX_MB, **loc
+                ),
                 profile=profile,
                 params=params,
             )
@@ -530,3 +666,67 @@ def read_trace(
 
 def _by_arrival(jobs: list[JobSpec]) -> list[JobSpec]:
     return sorted(jobs, key=lambda j: j.arrival_s)  # stable: file order among equal times
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m scheduler.traces generate ...``: write a synthetic Gavel-format trace
+    (``scheduler.trace_generator``); ``describe FILE``: summarise a trace. Bad arguments print
+    one line and exit with status 2."""
+    import argparse
+    import sys
+
+    from scheduler import trace_generator as gen
+
+    parser = argparse.ArgumentParser(prog="python -m scheduler.traces")
+    sub = parser.add_subparsers(dest="command", required=True)
+    g = sub.add_parser(
+        "generate",
+        help="a synthetic trace drawn with Gavel's generator settings (docs/simulator.md)",
+    )
+    g.add_argument("--jobs", type=int, required=True, help="number of jobs")
+    g.add_argument(
+        "--multi-gpu",
+        action="store_true",
+        help="draw scale factors 1/2/4/8 at 70/10/15/5 %% (else every job has 1 GPU)",
+    )
+    g.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    g.add_argument(
+        "--jobs-per-hour",
+        type=float,
+        default=0.5,
+        help="mean arrival rate of the Poisson arrivals (default 0.5)",
+    )
+    g.add_argument("--out", required=True, help="the CSV file to write")
+    d = sub.add_parser("describe", help="jobs, GPUs per job and span of a trace")
+    d.add_argument("trace")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "generate":
+            jobs = gen.generate_jobs(
+                args.jobs,
+                multi_gpu=args.multi_gpu,
+                seed=args.seed,
+                jobs_per_hour=args.jobs_per_hour,
+            )
+            gen.write_gavel_trace(jobs, args.out)
+            print(f"wrote {args.out}: {gen.describe(jobs)}")
+            return 0
+        specs = read_trace(args.trace)
+        sizes: dict[int, int] = {}
+        for job in specs:
+            sizes[job.gpus] = sizes.get(job.gpus, 0) + 1
+        span = (specs[-1].arrival_s - specs[0].arrival_s) / 86400 if specs else 0.0
+        mix = ", ".join(f"{n} x {s} GPU" for s, n in sorted(sizes.items()))
+        print(f"{args.trace}: {len(specs)} jobs ({mix}), arrivals over {span:.1f} days")
+        return 0
+    except (InputError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

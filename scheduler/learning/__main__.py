@@ -32,7 +32,7 @@ THESIS = (
 def _bar(total: int, quiet: bool) -> tuple[Any, Callable[[int, int, str], None]]:
     if quiet or not sys.stderr.isatty():
         return None, lambda done, total, message: None
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]  # tqdm ships no type hints
 
     bar = tqdm(total=total, file=sys.stderr, unit="fit", leave=False)
 

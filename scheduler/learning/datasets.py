@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints
 
 from scheduler.catalog import CATALOG
 from scheduler.domain import GpuSpec, JobKind, Profile

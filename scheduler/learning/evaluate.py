@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints
 
 from scheduler.learning.datasets import (
     COLOCATION_CSV,

@@ -47,7 +47,7 @@ class PredictorError(ValueError):
 
 
 def _is_forest(model: Any) -> bool:
-    from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor
+    from sklearn.ensemble import RandomForestClassifier, RandomForestRegressor  # type: ignore[import-untyped]  # scikit-learn ships no type hints
 
     return isinstance(model, RandomForestRegressor | RandomForestClassifier)
 
@@ -200,7 +200,7 @@ class InterferencePredictor:
 
 def dumps(predictor: InterferencePredictor) -> bytes:
     """The predictor as compressed bytes (see the module docstring)."""
-    import sklearn
+    import sklearn  # type: ignore[import-untyped]  # scikit-learn ships no type hints
 
     buf = io.BytesIO()
     pickle.dump({"sklearn": sklearn.__version__, "predictor": predictor}, buf, protocol=5)

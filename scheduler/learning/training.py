@@ -35,16 +35,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from sklearn.base import BaseEstimator, RegressorMixin, clone
-from sklearn.ensemble import (
+from sklearn.base import BaseEstimator, RegressorMixin, clone  # type: ignore[import-untyped]  # scikit-learn ships no type hints
+from sklearn.ensemble import (  # type: ignore[import-untyped]  # scikit-learn ships no type hints
     HistGradientBoostingRegressor,
     RandomForestClassifier,
     RandomForestRegressor,
 )
-from sklearn.linear_model import LinearRegression
-from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score
-from sklearn.model_selection import GroupKFold, KFold
-from sklearn.tree import DecisionTreeRegressor
+from sklearn.linear_model import LinearRegression  # type: ignore[import-untyped]  # scikit-learn ships no type hints
+from sklearn.metrics import mean_absolute_error, mean_squared_error, r2_score  # type: ignore[import-untyped]  # scikit-learn ships no type hints
+from sklearn.model_selection import GroupKFold, KFold  # type: ignore[import-untyped]  # scikit-learn ships no type hints
+from sklearn.tree import DecisionTreeRegressor  # type: ignore[import-untyped]  # scikit-learn ships no type hints
 
 from scheduler.learning.datasets import DatasetError, TrainingSet
 from scheduler.learning.features import FeatureSpace

@@ -5,8 +5,9 @@ already shared (under MPS or time-slicing, below ``max_jobs_per_gpu`` jobs), a M
 or, when nothing shared fits, the smallest idle GPU that holds it, which is then shared under
 its best mode (MPS if supported, else time-slicing) so the next jobs can join. Ties go to the
 first GPU in cluster order. A ``k``-GPU job takes ``k`` idle GPUs on the node with the fewest
-idle GPUs that still has ``k`` (the fullest node); a CPU job the CPU node with the fewest free
-cores that fit.
+idle GPUs that still has ``k`` (the fullest node); a gang (larger than any node) the model
+whose most consolidated gang leaves the fewest idle GPUs on its nodes; a CPU job the CPU node
+with the fewest free cores that fit.
 
 The paper packs by node; with several GPUs per node we pack by GPU, which is the same thing on
 its one-GPU nodes and keeps the co-located pair on one device.
@@ -41,7 +42,7 @@ class BinpackPolicy(FrameworkPolicy):
             return -(cand.node.free_cores - job.cpus)
         gpu = cand.gpus[0]
         if len(cand.gpus) > 1:
-            return -(cand.node.idle_count(gpu) - len(cand.gpus))
+            return -cand.idle_left()  # idle GPUs left on its node(s), a gang's too
         if cand.mig_profile is not None:
             return -(cand.mig_profile.memory_mb - job.memory_need_mb())
         return -(gpu.free_mb - job.memory_need_mb())

@@ -176,12 +176,16 @@ class ExecPlanPolicy(Policy):
 
     def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
         inner = self.inner.schedule(state, rng)
+        if not inner.decisions and not any(r.paused or _has_steps(r.job) for r in state.running):
+            # No placement to check and no job that grows or waits to resume: nothing to plan
+            # (the common tick on a cluster of jobs without memory steps).
+            return Plan(actions=inner.actions, waiting=inner.waiting)
         actions: list[Action] = list(inner.actions)
         gpus = {g.key: g for n in state.nodes for g in n.gpus}
         groups: dict[tuple[str, int], list[RunningJob]] = {}
         for r in state.running:
-            for idx in r.placement.gpu_indices:
-                groups.setdefault((r.placement.node, idx), []).append(r)
+            for key in r.placement.gpu_keys:  # every node of a gang
+                groups.setdefault(key, []).append(r)
         reserved: dict[tuple[str, int], float] = {}
         for key in sorted(groups):
             gpu = gpus.get(key)
@@ -229,6 +233,11 @@ class ExecPlanPolicy(Policy):
     ) -> tuple[list[Action], float]:
         """Pause / resume actions for one GPU, and its predicted memory with every paused job
         at its resumed need (what new placements must leave room for)."""
+        if not any(r.paused or _has_steps(r.job) for r in group):
+            # Nothing grows and nothing waits to resume: no action is possible, and every
+            # job's need is its constant memory (the same answer as the full plan, cheaply:
+            # the simulator calls this every interval for every GPU).
+            return [], sum(r.job.memory_need_mb() for r in group)
         cap = float(gpu.spec.memory_mb)
         label = f"{gpu.node}/gpu{gpu.index}"
         now = state.now_s
@@ -311,7 +320,7 @@ class ExecPlanPolicy(Policy):
         held = dict(waiting)
         for d in decisions:
             pl = d.placement
-            keys = [(pl.node, i) for i in pl.gpu_indices]
+            keys = list(pl.gpu_keys)
             job = next((j for j in state.pending if j.id == pl.job_id), None)
             if pl.mode == SharingMode.MIG or not keys or job is None:
                 out.append(replace(d, policy=self.name))
@@ -344,6 +353,10 @@ class ExecPlanPolicy(Policy):
         if m.step is None:
             return name
         return f"{name} step {m.step.number}"
+
+
+def _has_steps(job: JobSpec) -> bool:
+    return job.profile is not None and bool(job.profile.memory_steps)
 
 
 def exec_plan_over(placement: str) -> type[ExecPlanPolicy]:

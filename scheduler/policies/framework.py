@@ -5,15 +5,17 @@ serial decision cycle over ``state.pending`` and calls extension points a policy
 
 - ``sort_queue(pending, view, rng)``: the order jobs are considered in (default: queue order).
 - ``candidates(job, view)``: the feasible placements (filter). The default covers CPU jobs,
-  single-GPU jobs (exclusive on an idle GPU, or co-located when ``colocate`` is set) and
-  multi-GPU jobs (``k`` idle GPUs of one model on one node, exclusive).
+  single-GPU jobs (exclusive on an idle GPU, or co-located when ``colocate`` is set),
+  multi-GPU jobs (``k`` idle GPUs of one model on one node, exclusive) and gangs (a job
+  larger than any node: ``k`` idle GPUs of one model over several nodes, all or nothing).
 - ``keep(job, candidate, view)``: an extra per-candidate filter (default: keep all).
 - ``score_<name>(job, candidate, view)`` for each name in ``scorers``: raw scores, higher is
   better. With several scorers each is min-max normalised to 0..100 over the candidates and
   combined with the weights in the ``weights`` parameter (default 1 each); ties go to the
   candidate first in cluster order (nodes in snapshot order, then GPU index).
 - ``pick(job, scored, view, rng)``: the winner (default: best score, first in order).
-- ``explain(job, chosen, scored, view)``: the human-readable reason, with numbers.
+- ``explain(job, chosen, scored, view)``: the human-readable reason, with numbers;
+  ``explain_gang`` for a gang (the default names the nodes, why not one, and the speed).
 
 Capacity is reserved in a ``WorkingView``: light mutable copies of the GPUs and nodes (not a
 deep copy of the snapshot) plus per-cycle indexes, so later jobs in the same cycle see earlier
@@ -23,6 +25,9 @@ grow with the number of distinct GPU situations rather than the number of GPUs; 
 nodes bucketed by their count of idle GPUs (multi-GPU jobs); and a per-cycle cache of job
 *shapes* (GPUs, memory per GPU in MB, cores, allowed models) that found no fit. Capacity only
 shrinks during a cycle, so a shape that did not fit, and any larger one, will not fit later.
+Gangs use the same buckets: per model, up nodes by idle count, so choosing the nodes of a
+gang costs O(GPUs asked x distinct idle counts), not O(nodes); and per model the sizes of
+the up nodes (``node_caps``), which say whether a job is a gang at all.
 
 The view outlives the cycle: the next ``schedule`` call refreshes it, re-indexing only the nodes
 whose ``NodeState`` object changed or that a reservation touched (``WorkingView.refresh``), so a
@@ -51,6 +56,18 @@ Feasibility rules (all policies built on this class):
   else time-slicing), so later jobs can join it.
 - Multi-GPU jobs always take whole idle GPUs of one model on one node, exclusively: data-parallel
   jobs stall on their slowest worker, and the measured co-location data are single-GPU.
+- **Gangs.** A job asking for more GPUs than any up node holds of one usable model (with the
+  cores) gets whole idle GPUs of ONE model on several nodes, exclusively, with ``job.cpus``
+  cores on each node: all of them in one decision or none (a gang is never half placed, so
+  two gangs cannot each hold half of what they need). A job that one node could hold, busy
+  or not, waits for that node and is never spread. Among gangs: the fewest nodes, then the
+  fullest nodes (fewest idle GPUs left on them), then cluster order; node rank 0 is the node
+  giving the most GPUs. A spread job runs slower (gradients cross the network): the
+  explanation quotes its profile's unconsolidated time, else ``unconsolidated_speed``. A
+  waiting gang's reason says what is missing and, from the running jobs' progress and
+  profiled times, when enough GPUs are predicted to be idle ("needs 8 V100 at once on
+  several nodes ...: 5 idle; 3 more expected in about 25 min when job 812 is predicted to
+  end").
 - A shared GPU is no candidate when the ``colocation_check`` model predicts an infinite slowdown
   (``scheduler.interference``: the pair cannot co-run at all, e.g. Gavel measured it out of
   memory) for the job next to the residents, or for a resident next to the job. Otherwise a
@@ -74,6 +91,9 @@ Common parameters (``framework_defaults``; policies add their own):
   measured table knows the Gavel job types only; for other jobs its fallback is finite, so they
   pass. When it names the same model as ``interference``, that instance (and its parameters)
   is used.
+- ``unconsolidated_speed`` (float, 0.74 = ``scheduler.domain.UNCONSOLIDATED_SPEED``): speed of
+  a gang relative to one node where its profile has no unconsolidated time (the median of
+  Gavel's measured ratios); used in explanations and predicted ends, an estimate only.
 """
 
 from __future__ import annotations
@@ -85,6 +105,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from scheduler.domain import (
+    UNCONSOLIDATED_SPEED,
     ClusterState,
     Decision,
     GpuSpec,
@@ -94,7 +115,9 @@ from scheduler.domain import (
     NodeKind,
     NodeState,
     Placement,
+    PlacementPart,
     Plan,
+    RunningJob,
     SharingMode,
 )
 from scheduler.interference import InterferenceModel, build_interference, co_run_slowdown
@@ -112,6 +135,7 @@ framework_defaults: dict[str, Any] = {
     "interference": None,
     "interference_params": None,
     "colocation_check": "measured",
+    "unconsolidated_speed": UNCONSOLIDATED_SPEED,
 }
 
 
@@ -186,7 +210,17 @@ class WorkGpu:
 class WorkNode:
     """A node's mutable state during one cycle."""
 
-    __slots__ = ("name", "kind", "cores", "free_cores", "up", "gpus", "order", "idle_by_sid")
+    __slots__ = (
+        "name",
+        "kind",
+        "cores",
+        "free_cores",
+        "up",
+        "gpus",
+        "order",
+        "idle_by_sid",
+        "size_by_sid",
+    )
 
     def __init__(self, node: NodeState, order: int) -> None:
         self.name = node.name
@@ -197,6 +231,7 @@ class WorkNode:
         self.gpus: list[WorkGpu] = []
         self.order = order
         self.idle_by_sid: dict[int, int] = {}  # spec id -> idle GPUs of it on this node
+        self.size_by_sid: dict[int, int] = {}  # spec id -> GPUs of it on this node (if up)
 
     def has_cores(self, cpus: int) -> bool:
         return self.cores <= 0 or self.free_cores >= cpus
@@ -206,14 +241,23 @@ class WorkNode:
         return self.idle_by_sid.get(gpu.sid, 0)
 
 
+Part = tuple[WorkNode, tuple[WorkGpu, ...]]
+
+
 class Candidate:
     """One feasible placement: a node, its GPUs (empty for CPU), the mode and MIG profile.
 
     Single-GPU candidates stand for a whole pool of equivalent GPUs (``pool``); ``gpus`` holds
     the pool's first GPU whose node has the cores. ``score`` is set by the scoring step.
+
+    A **gang** candidate (``gang`` set) spans several nodes: ``gang`` lists each node with its
+    GPUs in node-rank order, ``node`` is rank 0 and ``gpus`` holds every GPU of every node (so
+    per-GPU checks see them all). ``rank`` orders candidates of equal score: cluster order for
+    single-node candidates; for gangs (nodes, idle GPUs left on them, cluster order), i.e. the
+    most consolidated first.
     """
 
-    __slots__ = ("node", "gpus", "mode", "mig_profile", "pool", "score", "raw")
+    __slots__ = ("node", "gpus", "mode", "mig_profile", "pool", "score", "raw", "gang", "_rank")
 
     def __init__(
         self,
@@ -222,6 +266,7 @@ class Candidate:
         mode: SharingMode,
         mig_profile: MigProfile | None = None,
         pool: list[WorkGpu] | None = None,
+        gang: tuple[Part, ...] | None = None,
     ) -> None:
         self.node = node
         self.gpus = gpus
@@ -230,6 +275,29 @@ class Candidate:
         self.pool = pool
         self.score = 0.0
         self.raw: dict[str, float] = {}
+        self.gang = gang
+        self._rank = (len(gang), self.idle_left(), gpus[0].order) if gang else None
+
+    @property
+    def rank(self) -> tuple[int, int, int]:
+        """Tie-break key (lower first): cluster order; for gangs (nodes, idle left, order)."""
+        return self._rank if self._rank is not None else (0, 0, self.order)
+
+    @property
+    def is_gang(self) -> bool:
+        return self.gang is not None
+
+    @property
+    def parts(self) -> tuple[Part, ...]:
+        """Every node with its GPUs, node rank 0 first (one part unless a gang)."""
+        return self.gang if self.gang is not None else ((self.node, self.gpus),)
+
+    def idle_left(self) -> int:
+        """Idle GPUs of the placement's spec left on its node(s) after placing it."""
+        if not self.gpus:
+            return 0
+        sid = self.gpus[0].sid
+        return sum(node.idle_by_sid.get(sid, 0) for node, _ in self.parts) - len(self.gpus)
 
     @property
     def gpu(self) -> WorkGpu | None:
@@ -248,7 +316,9 @@ class Candidate:
     def label(self) -> str:
         if not self.gpus:
             return self.node.name
-        return f"{self.node.name}/gpu" + ",".join(str(g.index) for g in self.gpus)
+        return " + ".join(
+            f"{node.name}/gpu" + ",".join(str(g.index) for g in gpus) for node, gpus in self.parts
+        )
 
     @property
     def pool_size(self) -> int:
@@ -296,6 +366,10 @@ class WorkingView:
         self.shared_pools: dict[tuple[Any, ...], list[WorkGpu]] = {}
         # Per spec id: idle count -> node orders with that many idle GPUs (sorted).
         self.idle_buckets: dict[int, dict[int, list[int]]] = {}
+        # Per spec id: (GPUs of it on a node, the node's cores) -> number of such up nodes:
+        # whether some node could ever hold a multi-GPU job (else it is a gang).
+        self.node_caps: dict[int, dict[tuple[int, int], int]] = {}
+        self.node_index: dict[str, int] = {n.name: i for i, n in enumerate(state.nodes)}
         self._running: dict[str, JobSpec] | None = None
         self._state = state
         # Co-run feasibility per (job type key, spec id, mode, resident types); kept across
@@ -310,10 +384,14 @@ class WorkingView:
         self._new_cycle()
 
     def _new_cycle(self) -> None:
+        self._release: dict[int, dict[tuple[int, int], tuple[float, str] | None]] | None = None
+        self._speed = 1.0
+        self._release_sorted: dict[int, tuple[list[tuple[float, str]], int]] = {}
         self.failures: dict[tuple[Any, ...], str] = {}
         # The shared pools the last filter call rejected: (GPUs, text naming the pair).
         self.co_run_rejected: list[tuple[int, str]] = []
         self.touched: set[int] = set()  # orders of the nodes ``reserve`` changed
+        self.reserved_now: list[tuple[JobSpec, Placement]] = []  # this cycle's placements
 
     def refresh(self, state: ClusterState) -> None:
         """Make this view (used for an earlier cycle) a view of ``state``.
@@ -375,13 +453,15 @@ class WorkingView:
             return node
         colocate = self.colocate
         base = n_order * self.stride
+        sizes = node.size_by_sid
         for gpu_state in node_state.gpus:
+            sid = self._sid(gpu_state.spec)
+            sizes[sid] = sizes.get(sid, 0) + 1
             busy = bool(gpu_state.job_ids) or gpu_state.mig_slices_used > 0
             if busy and (
                 not colocate or gpu_state.mode is None or gpu_state.mode == SharingMode.EXCLUSIVE
             ):
                 continue  # cannot take a job this cycle
-            sid = self._sid(gpu_state.spec)
             jobs = [self._resident(j) for j in gpu_state.job_ids] if gpu_state.job_ids else []
             gpu = WorkGpu(gpu_state, node, base + gpu_state.index, jobs, sid)
             node.gpus.append(gpu)
@@ -403,6 +483,9 @@ class WorkingView:
                 bisect.insort(lst, n_order)
             else:
                 lst.append(n_order)
+        for sid, size in sizes.items():
+            caps = self.node_caps.setdefault(sid, {})
+            caps[(size, node.cores)] = caps.get((size, node.cores), 0) + 1
         return node
 
     def _drop_node(self, n_order: int) -> None:
@@ -413,6 +496,13 @@ class WorkingView:
             self.gpu_count -= len(state.gpus)
         for gpu in node.gpus:
             self._remove_from_pool(gpu)
+        for sid, size in node.size_by_sid.items():
+            caps = self.node_caps[sid]
+            left = caps[(size, node.cores)] - 1
+            if left:
+                caps[(size, node.cores)] = left
+            else:
+                del caps[(size, node.cores)]
 
     def spec_pools(self) -> list[tuple[GpuSpec, list[WorkGpu]]]:
         """(spec, idle GPUs of it) for every spec with an idle pool."""
@@ -471,28 +561,41 @@ class WorkingView:
     # -- reservation -------------------------------------------------------------------------
 
     def reserve(self, job: JobSpec, cand: Candidate) -> Placement:
-        """Commit ``cand`` for ``job`` in the view and return its Placement."""
-        node = cand.node
-        self.touched.add(node.order)
-        if node.cores > 0:
-            node.free_cores -= job.cpus
+        """Commit ``cand`` for ``job`` in the view (every node of a gang: its GPUs and
+        ``job.cpus`` cores on each) and return its Placement."""
         need = job.memory_need_mb()
-        for gpu in cand.gpus:
-            self._remove_from_pool(gpu)
-            gpu.jobs = [*gpu.jobs, job]
-            gpu.committed_mb += need
-            gpu.mode = cand.mode
-            if cand.mig_profile is not None:
-                gpu.mig_used += cand.mig_profile.compute_slices
-            self._add_to_pool(gpu)
-        return Placement(
+        parts = cand.parts
+        for node, gpus in parts:
+            self.touched.add(node.order)
+            if node.cores > 0:
+                node.free_cores -= job.cpus
+            for gpu in gpus:
+                self._remove_from_pool(gpu)
+                gpu.jobs = [*gpu.jobs, job]
+                gpu.committed_mb += need
+                gpu.mode = cand.mode
+                if cand.mig_profile is not None:
+                    gpu.mig_used += cand.mig_profile.compute_slices
+                self._add_to_pool(gpu)
+        first, first_gpus = parts[0]
+        placement = Placement(
             job_id=job.id,
-            node=node.name,
-            gpu_indices=tuple(g.index for g in cand.gpus),
+            node=first.name,
+            gpu_indices=tuple(g.index for g in first_gpus),
             mode=cand.mode,
             mig_profile=cand.mig_profile.name if cand.mig_profile is not None else None,
             cpus=job.cpus,
+            more=tuple(
+                PlacementPart(node.name, tuple(g.index for g in gpus), job.cpus)
+                for node, gpus in parts[1:]
+            ),
         )
+        if cand.gpus:
+            self.reserved_now.append((job, placement))
+            if self._release is not None:  # already indexed this cycle: add it
+                end = self._placed_end(job, placement, self._speed)
+                self._release_add(self._release, job.id, placement, end)
+        return placement
 
     # -- lookups used by the default filter ----------------------------------------------------
 
@@ -510,6 +613,208 @@ class WorkingView:
             if node.has_cores(cpus):
                 return node
         return None
+
+    def largest_node(self, sid: int, cpus: int) -> int:
+        """The most GPUs of spec id ``sid`` one up node holds, over nodes with at least
+        ``cpus`` cores (or that do not track cores); 0 if none."""
+        return max(
+            (size for (size, cores) in self.node_caps.get(sid, {}) if cores <= 0 or cores >= cpus),
+            default=0,
+        )
+
+    def gang(self, sid: int, k: int, cpus: int) -> Candidate | None:
+        """The most consolidated gang of ``k`` idle GPUs of spec id ``sid`` over several nodes
+        with ``cpus`` free cores each, or None if there are not enough.
+
+        Fewest nodes first; among those, the fullest nodes (the fewest idle GPUs left on the
+        chosen nodes); then cluster order. Nodes are chosen by idle count: at each step the
+        node with the fewest idle GPUs that still lets the remaining steps reach ``k`` with the
+        largest counts left (fullest first), the first such node in cluster order. Node rank 0
+        is the node giving the most GPUs. Cost: O(k x distinct idle counts), whatever the
+        cluster size.
+        """
+        buckets = self.idle_buckets.get(sid)
+        if not buckets:
+            return None
+        # Nodes by idle count, in cluster order, with the cores: at most ceil(k / count) of
+        # each count can be useful (that many already reach k on their own).
+        by_count: dict[int, list[WorkNode]] = {}
+        for count, orders in buckets.items():
+            if not orders:
+                continue
+            useful = -(-k // count)
+            found: list[WorkNode] = []
+            for n_order in orders:
+                node = self.nodes[n_order]
+                if node.has_cores(cpus):
+                    found.append(node)
+                    if len(found) >= useful:
+                        break
+            if found:
+                by_count[count] = found
+        counts = sorted(by_count, reverse=True)
+        # Fewest nodes: the largest counts first.
+        total = steps = 0
+        for c in counts:
+            for _ in by_count[c]:
+                if total >= k:
+                    break
+                total += c
+                steps += 1
+        if total < k:
+            return None
+        left = {c: len(nodes) for c, nodes in by_count.items()}
+
+        def reach(j: int) -> int:
+            """The most GPUs ``j`` of the nodes still available can give."""
+            got = 0
+            for c in counts:
+                n = min(j, left[c])
+                got += n * c
+                j -= n
+                if j == 0:
+                    break
+            return got
+
+        chosen: list[int] = []
+        need = k
+        for j in range(steps, 0, -1):
+            for c in reversed(counts):  # fewest idle first
+                if not left[c]:
+                    continue
+                left[c] -= 1
+                if c >= need or c + reach(j - 1) >= need:
+                    chosen.append(c)
+                    need -= c
+                    break
+                left[c] += 1
+            if need <= 0:
+                break
+        taken = {c: 0 for c in by_count}
+        picked: list[tuple[int, WorkNode]] = []
+        for c in chosen:
+            picked.append((c, by_count[c][taken[c]]))
+            taken[c] += 1
+        picked.sort(key=lambda cn: (-cn[0], cn[1].order))
+        parts: list[Part] = []
+        need = k
+        for _, node in picked:
+            gpus = tuple(g for g in node.gpus if g.idle and g.sid == sid)
+            take = gpus[: min(need, len(gpus))]
+            need -= len(take)
+            parts.append((node, take))
+        gpus_all = tuple(g for _, gs in parts for g in gs)
+        return Candidate(parts[0][0], gpus_all, SharingMode.EXCLUSIVE, gang=tuple(parts))
+
+    def release_times(
+        self, sid: int, speed: float
+    ) -> dict[tuple[int, int], tuple[float, str] | None]:
+        """For every busy GPU of spec id ``sid`` on an up node, ``(node order, GPU index)`` ->
+        (seconds from now until its last job is predicted to end, that job's id), or None
+        when a job there has no prediction (paused, or no profiled time).
+
+        A running job is predicted to end after ``(1 - progress) x`` its profiled solo time on
+        that model (spread over nodes: the unconsolidated time, else the solo time / ``speed``);
+        with no progress reported, its solo time minus the time since it started. Built once
+        once per cycle, from the snapshot alone (the same snapshot gives the same answer
+        whatever the view's history).
+        """
+        if self._release is None:
+            self._speed = speed
+            self._release = self._release_index(speed)
+        return self._release.get(sid, {})
+
+    def release_order(self, sid: int, speed: float) -> tuple[list[tuple[float, str]], int]:
+        """(the predicted releases of ``release_times(sid)``, soonest first; how many busy
+        GPUs of the spec have no prediction). Cached per cycle."""
+        cached = self._release_sorted.get(sid)
+        if cached is None:
+            release = self.release_times(sid, speed)
+            known = sorted(v for v in release.values() if v is not None)
+            cached = self._release_sorted[sid] = (known, len(release) - len(known))
+        return cached
+
+    def _release_index(
+        self, speed: float
+    ) -> dict[int, dict[tuple[int, int], tuple[float, str] | None]]:
+        state = self._state
+        now = state.now_s
+        out: dict[int, dict[tuple[int, int], tuple[float, str] | None]] = {}
+        for r in state.running:
+            self._release_add(out, r.job.id, r.placement, self._predicted_end(r, now, speed))
+        for job, placement in self.reserved_now:
+            self._release_add(out, job.id, placement, self._placed_end(job, placement, speed))
+        return out
+
+    def _release_add(
+        self,
+        out: dict[int, dict[tuple[int, int], tuple[float, str] | None]],
+        job_id: str,
+        placement: Placement,
+        end: float | None,
+    ) -> None:
+        """Enter a job's GPUs in the release index ``out``, free at ``end`` (absolute time;
+        None: unknown). A GPU shared by several jobs is free when the last one ends."""
+        now = self._state.now_s
+        for node_name, idx in placement.gpu_keys:
+            n_order = self.node_index.get(node_name)
+            if n_order is None or not self.nodes[n_order].up:
+                continue
+            gpu = _gpu_at(self.node_states[n_order], idx)
+            if gpu is None:
+                continue
+            sid = self._sid(gpu.spec)
+            per_gpu = out.setdefault(sid, {})
+            key = (n_order, idx)
+            had = key in per_gpu
+            old = per_gpu.get(key)
+            if end is None:
+                new = None
+            elif not had or (old is not None and old[0] < end - now):
+                new = (max(0.0, end - now), job_id)
+            else:
+                continue  # an earlier entry ends later (or never predicted): it stays
+            per_gpu[key] = new
+            ordered = self._release_sorted.get(sid)
+            if ordered is not None:  # keep the sorted copy of this spec in step
+                known, unknown = ordered
+                if had and old is None:
+                    unknown -= 1
+                elif had and old is not None:
+                    del known[bisect.bisect_left(known, old)]
+                if new is None:
+                    unknown += 1
+                else:
+                    bisect.insort(known, new)
+                self._release_sorted[sid] = (known, unknown)
+
+    def _placed_end(self, job: JobSpec, placement: Placement, speed: float) -> float | None:
+        """Predicted end of a job placed in this cycle: now + its solo time there."""
+        n_order = self.node_index.get(placement.node)
+        if n_order is None:
+            return None
+        gpus = self.node_states[n_order].gpus
+        model = gpus[0].spec.model if gpus else None
+        solo = job.run_time_s(model, spread=placement.is_gang, speed=speed)
+        if solo is None or not math.isfinite(solo):
+            return None
+        return self._state.now_s + solo
+
+    def _predicted_end(self, r: RunningJob, now: float, speed: float) -> float | None:
+        """Absolute predicted end of running job ``r`` (see ``release_times``), or None."""
+        if r.paused:
+            return None
+        n_order = self.node_index.get(r.placement.node)
+        if n_order is None:
+            return None
+        gpus = self.node_states[n_order].gpus
+        model = gpus[0].spec.model if gpus and r.placement.gpu_indices else None
+        solo = r.job.run_time_s(model, spread=r.placement.is_gang, speed=speed)
+        if solo is None or not math.isfinite(solo):
+            return None
+        if r.progress > 0:
+            return now + max(0.0, 1.0 - r.progress) * solo
+        return max(now, r.started_s + solo)
 
 
 class FrameworkPolicy(Policy):
@@ -533,6 +838,13 @@ class FrameworkPolicy(Policy):
             )
         if int(p.get("max_jobs_per_gpu", 1)) < 1:
             raise PolicyError(f"policy {self.name!r}: max_jobs_per_gpu must be >= 1")
+        speed = p.get("unconsolidated_speed", UNCONSOLIDATED_SPEED)
+        if not isinstance(speed, int | float) or isinstance(speed, bool) or not 0 < speed <= 10:
+            raise PolicyError(
+                f"policy {self.name!r}: unconsolidated_speed must be a number in (0, 10], "
+                f"got {speed!r}"
+            )
+        self.unconsolidated_speed = float(speed)
         weights = p.get("weights") or {}
         unknown = set(weights) - set(self.scorers)
         if unknown:
@@ -599,7 +911,10 @@ class FrameworkPolicy(Policy):
                 if not self.params.get("backfill", True):
                     blocked_by = job
                 continue
-            explanation = self.explain(job, chosen, cands, view)
+            if chosen.is_gang:
+                explanation = self.explain_gang(job, chosen, cands, view)
+            else:
+                explanation = self.explain(job, chosen, cands, view)
             placement = view.reserve(job, chosen)
             decisions.append(Decision(placement, self.name, explanation, chosen.score))
         return Plan(decisions=tuple(decisions), waiting=waiting)
@@ -664,8 +979,26 @@ class FrameworkPolicy(Policy):
         if job.gpus <= 0:
             return self._cpu_candidates(job, view)
         if job.gpus > 1:
-            return self._multi_gpu_candidates(job, view)
+            if self.one_node_holds(job, view):
+                return self._multi_gpu_candidates(job, view)
+            return self._gang_candidates(job, view)
         return self._single_gpu_candidates(job, view)
+
+    def eligible_specs(self, job: JobSpec, view: WorkingView) -> list[int]:
+        """Spec ids of the GPUs ``job`` may use: enough memory, an allowed model."""
+        need, allowed = job.memory_need_mb(), self.allowed_models(job)
+        return [
+            sid
+            for sid, spec in enumerate(view.specs)
+            if spec.memory_mb >= need and (allowed is None or spec.model in allowed)
+        ]
+
+    def one_node_holds(self, job: JobSpec, view: WorkingView) -> bool:
+        """Whether some up node holds ``job.gpus`` GPUs of one usable spec (and the cores),
+        busy or not: then the job waits for one node and is never spread over several."""
+        return any(
+            view.largest_node(sid, job.cpus) >= job.gpus for sid in self.eligible_specs(job, view)
+        )
 
     def score_candidates(self, job: JobSpec, cands: list[Candidate], view: WorkingView) -> None:
         """Fill ``cand.score``: weighted sum of the scorers, min-max normalised when several."""
@@ -698,7 +1031,7 @@ class FrameworkPolicy(Policy):
             if (
                 best is None
                 or c.score > best.score
-                or (c.score == best.score and c.order < best.order)
+                or (c.score == best.score and c.rank < best.rank)
             ):
                 best = c
         return best
@@ -741,6 +1074,113 @@ class FrameworkPolicy(Policy):
             f"{self.fit_text(job, cand)}"
         )
 
+    def spread_speed_text(self, job: JobSpec, model: str) -> str:
+        """ "unconsolidated speed 0.50x (measured)": the job's speed spread over nodes relative
+        to one node, from its profile, else ``unconsolidated_speed`` (an assumption)."""
+        profile = job.profile
+        if profile is None or model not in profile.gpu_time_s:
+            return (
+                f"unconsolidated speed {self.unconsolidated_speed:.2f}x assumed "
+                f"(no profiled time on {model})"
+            )
+        spread, measured = profile.spread_time_s(model, self.unconsolidated_speed)
+        base = profile.gpu_time_s[model]
+        if not spread or not math.isfinite(spread):
+            return "unconsolidated speed unknown"
+        how = "measured" if measured else "assumed: the profile has no unconsolidated time"
+        return f"unconsolidated speed {base / spread:.2f}x ({how})"
+
+    def explain_gang(
+        self, job: JobSpec, chosen: Candidate, cands: list[Candidate], view: WorkingView
+    ) -> str:
+        """Why a gang (several nodes): which nodes, why not one, how consolidated, how fast.
+        Policies may override; the default fits every policy (gangs take whole idle GPUs)."""
+        gpu = chosen.gpus[0]
+        model = gpu.spec.model
+        k = len(chosen.gpus)
+        parts = chosen.parts
+        names = [node.name for node, _ in parts]
+        where = ", ".join(names[:-1]) + f" and {names[-1]}"
+        largest = view.largest_node(gpu.sid, job.cpus)
+        idle = len(view.idle_pools.get(gpu.sid, ()))  # before this reservation
+        text = (
+            f"{k} GPUs on {where}: no single node has {k} {model} (the largest holds "
+            f"{largest}); {len(parts)} nodes, the fewest with them idle now, fullest first "
+            f"({idle} idle {model}); placed on {chosen.label} exclusive; "
+            f"{self.spread_speed_text(job, model)}"
+        )
+        if len(cands) > 1:
+            text += f"; {len(cands)} GPU models could take it"
+        return text
+
+    def gang_wait_reason(self, job: JobSpec, view: WorkingView) -> str:
+        """Why a gang waits: what is missing, and when enough GPUs are predicted to be idle
+        (``WorkingView.release_times``), on the usable spec predicted to have them first."""
+        k, cpus = job.gpus, job.cpus
+        need = job.memory_need_mb()
+        best: tuple[tuple[float, int], str] | None = None
+        largest_total = 0
+        for sid in self.eligible_specs(job, view):
+            spec = view.specs[sid]
+            model = spec.model
+            caps = view.node_caps.get(sid, {})
+            total = sum(
+                size * n for (size, cores), n in caps.items() if cores <= 0 or cores >= cpus
+            )
+            largest_total = max(largest_total, total)
+            if total < k:
+                continue
+            largest = view.largest_node(sid, cpus)
+            head = (
+                f"needs {k} {model} at once on several nodes (no node holds {k}; the largest "
+                f"holds {largest})"
+            )
+            idle = len(view.idle_pools.get(sid, ()))
+            if idle >= k:
+                usable = sum(
+                    c
+                    for c, orders in view.idle_buckets.get(sid, {}).items()
+                    for o in orders
+                    if view.nodes[o].has_cores(cpus)
+                )
+                if usable < k:
+                    text = (
+                        f"{head}: {idle} idle but only {usable} on nodes with {cpus} free "
+                        f"core{'s' if cpus != 1 else ''}"
+                    )
+                    key = (0.0, -usable)
+                    if best is None or key < best[0]:
+                        best = (key, text)
+                    continue
+                idle = usable
+            missing = k - idle
+            known, unknown = view.release_order(sid, self.unconsolidated_speed)
+            if len(known) >= missing:
+                wait_s, job_id = known[missing - 1]
+                text = (
+                    f"{head}: {idle} idle; {missing} more expected in "
+                    f"{duration_text(wait_s)} when job {job_id} is predicted to end"
+                )
+                key = (wait_s, -idle)
+            else:
+                text = (
+                    f"{head}: {idle} idle; {missing} more needed but only {len(known)} of the "
+                    f"{len(known) + unknown} busy GPUs have a predicted end (the others run "
+                    f"jobs that are paused or have no profiled time)"
+                )
+                key = (math.inf, -idle)
+            if best is None or key < best[0]:
+                best = (key, text)
+        if best is not None:
+            return best[1]
+        allowed = self.allowed_models(job)
+        only = f" (profiled models: {', '.join(sorted(allowed))})" if allowed is not None else ""
+        cores = f" on nodes with {cpus} cores" if cpus > 1 else ""
+        return (
+            f"needs {k} GPUs of one model with {gb(need)} GB{only}{cores}: the nodes that are "
+            f"up hold at most {largest_total} of one such model"
+        )
+
     def residents_text(self, cand: Candidate) -> str:
         if not cand.residents:
             return "alone for now"
@@ -777,6 +1217,19 @@ class FrameworkPolicy(Policy):
                     gpus = tuple(g for g in node.gpus if g.idle and g.sid == sid)[:k]
                     out.append(Candidate(node, gpus, SharingMode.EXCLUSIVE))
         out.sort(key=lambda c: c.order)  # cluster order, whatever the indexes' history
+        return out
+
+    def _gang_candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
+        """One gang per usable spec with ``job.gpus`` idle GPUs over its nodes (``gang``)."""
+        k = job.gpus
+        out: list[Candidate] = []
+        for sid in self.eligible_specs(job, view):
+            if len(view.idle_pools.get(sid, ())) < k:
+                continue  # fewer idle GPUs of this spec in the whole cluster
+            cand = view.gang(sid, k, job.cpus)
+            if cand is not None:
+                out.append(cand)
+        out.sort(key=lambda c: c.rank)
         return out
 
     def _single_gpu_candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
@@ -873,6 +1326,8 @@ class FrameworkPolicy(Policy):
         if view.gpu_count == 0:
             return "no GPU in the cluster"
         if job.gpus > 1:
+            if not self.one_node_holds(job, view):
+                return self.gang_wait_reason(job, view)
             best = 0
             for sid, buckets in view.idle_buckets.items():
                 spec = view.specs[sid]
@@ -897,7 +1352,7 @@ class FrameworkPolicy(Policy):
         if idle == 0:
             text = f"no idle GPU{only} (all {view.gpu_count} busy or down)"
         if self.colocate:
-            most = max(
+            most_free = max(
                 (
                     view.specs[key[0]].memory_mb - key[3]
                     for key in view.shared_pools
@@ -907,10 +1362,10 @@ class FrameworkPolicy(Policy):
                 ),
                 default=None,
             )
-            if most is None:
+            if most_free is None:
                 text += "; no shared GPU below its job limit"
             else:
-                text += f"; most free on a shared GPU below its job limit: {gb(most)} GB"
+                text += f"; most free on a shared GPU below its job limit: {gb(most_free)} GB"
             rejected = view.co_run_rejected if job.gpus == 1 else []
             if rejected:
                 gpus = sum(n for n, _ in rejected)
@@ -940,6 +1395,26 @@ class FrameworkPolicy(Policy):
                     f"(at most {max(mig_free)} free compute slices on a MIG GPU)"
                 )
         return text
+
+
+def _gpu_at(node: NodeState, index: int) -> GpuState | None:
+    """The GPU of ``node`` with ``index`` (GPUs are usually listed in index order)."""
+    gpus = node.gpus
+    if 0 <= index < len(gpus) and gpus[index].index == index:
+        return gpus[index]
+    return next((g for g in gpus if g.index == index), None)
+
+
+def duration_text(seconds: float) -> str:
+    """ "about 25 min", "about 3.5 h", "about 2 days" (for predicted waits)."""
+    if seconds < 90:
+        return f"about {max(1, round(seconds))} s"
+    if seconds < 90 * 60:
+        return f"about {round(seconds / 60)} min"
+    if seconds < 48 * 3600:
+        hours = seconds / 3600
+        return f"about {hours:.1f} h" if hours < 10 else f"about {round(hours)} h"
+    return f"about {seconds / 86400:.1f} days"
 
 
 def _smallest_mig_profile(spec: GpuSpec, need_mb: float, free_slices: int) -> MigProfile | None:

@@ -302,13 +302,18 @@ class PlacementRatePolicy(UsedMemoryGuard):
         gpu_slots: list[float] = []
         cpu_slots: list[float] = []
         running_on: dict[tuple[str, int] | str, list[float]] = {}
+        model_of = {n.name: n.gpus[0].spec.model for n in state.nodes if n.gpus}
         for r in state.running:
             remaining = max(0.0, 1.0 - r.progress)
             if r.placement.gpu_indices:
-                t = r.job.solo_time_s(self._model_of(state, r.placement.node))
+                t = r.job.run_time_s(
+                    model_of.get(r.placement.node),
+                    spread=r.placement.is_gang,
+                    speed=self.unconsolidated_speed,
+                )
                 rem = remaining * (t or 0.0) * slow
-                for idx in r.placement.gpu_indices:
-                    running_on.setdefault((r.placement.node, idx), []).append(rem)
+                for key in r.placement.gpu_keys:
+                    running_on.setdefault(key, []).append(rem)
             else:
                 cpu_t = r.job.profile.cpu_time_s if r.job.profile is not None else None
                 rem = remaining * (cpu_t or 0.0)
@@ -333,15 +338,15 @@ class PlacementRatePolicy(UsedMemoryGuard):
         fixed_cpu: list[float] = []
         flexible: list[JobSpec] = []
         for job in cycle.order:
-            t = cycle.times[job.id]
-            if t.can_gpu and t.can_cpu:
+            jt = cycle.times[job.id]
+            if jt.can_gpu and jt.can_cpu:
                 flexible.append(job)
-            elif t.can_gpu:
+            elif jt.can_gpu:
                 cycle.side[job.id] = "gpu"
-                fixed_gpu.append((t.gpu_s or 0.0) * slow)
-            elif t.can_cpu:
+                fixed_gpu.append((jt.gpu_s or 0.0) * slow)
+            elif jt.can_cpu:
                 cycle.side[job.id] = "cpu"
-                fixed_cpu.append(t.cpu_s or 0.0)
+                fixed_cpu.append(jt.cpu_s or 0.0)
             else:
                 cycle.side[job.id] = None
         k = self._choose_split(flexible, cycle, gpu_slots, cpu_slots, fixed_gpu, fixed_cpu)
@@ -366,8 +371,9 @@ class PlacementRatePolicy(UsedMemoryGuard):
             cycle.cpu_finish_s = _list_schedule(cpu_slots, everything)[0]
             return 0
         slow = self.share_slowdown()
-        g_dur = [cycle.times[j.id].gpu_s * slow for j in flexible]  # type: ignore[operator]
-        c_dur = [cycle.times[j.id].cpu_s for j in flexible]
+        # Flexible jobs can run on both sides, so both of their times are known.
+        g_dur = [(cycle.times[j.id].gpu_s or 0.0) * slow for j in flexible]
+        c_dur = [cycle.times[j.id].cpu_s or 0.0 for j in flexible]
         if not cpu_slots:
             cycle.gpu_finish_s = _list_schedule(gpu_slots, fixed_gpu + g_dur)[0]
             return f
@@ -385,14 +391,14 @@ class PlacementRatePolicy(UsedMemoryGuard):
         suffix_work = [0.0] * (f + 1)
         suffix_long = [0.0] * (f + 1)
         for i in range(f - 1, -1, -1):
-            suffix_work[i] = suffix_work[i + 1] + c_dur[i]  # type: ignore[operator]
-            suffix_long[i] = max(suffix_long[i + 1], c_dur[i])  # type: ignore[type-var]
+            suffix_work[i] = suffix_work[i + 1] + c_dur[i]
+            suffix_long[i] = max(suffix_long[i + 1], c_dur[i])
         busy = sum(cpu_heap)
         best: tuple[float, float, int] | None = None
         best_k, best_cpu = f, 0.0
         for k in range(f + 1):
             if exact:
-                cpu_finish, _, cpu_done = _list_schedule(cpu_heap, c_dur[k:])  # type: ignore
+                cpu_finish, _, cpu_done = _list_schedule(cpu_heap, c_dur[k:])
                 cpu_finish = max(cpu_finish, base_cpu)
             else:  # bounds: no list schedule per split
                 cpu_finish = max(base_cpu, suffix_long[k], (busy + suffix_work[k]) / len(cpu_slots))
@@ -404,13 +410,6 @@ class PlacementRatePolicy(UsedMemoryGuard):
         cycle.gpu_finish_s = gpu_finish[best_k]
         cycle.cpu_finish_s = best_cpu
         return best_k
-
-    @staticmethod
-    def _model_of(state: ClusterState, node_name: str) -> str | None:
-        for n in state.nodes:
-            if n.name == node_name:
-                return n.gpus[0].spec.model if n.gpus else None
-        return None
 
     # -- framework extension points ------------------------------------------------------------
 
@@ -434,7 +433,7 @@ class PlacementRatePolicy(UsedMemoryGuard):
         """Minus the job's solo time there: the fastest profiled GPU model first (ties and
         unprofiled models: cluster order)."""
         model = cand.gpus[0].spec.model if cand.gpus else None
-        t = job.solo_time_s(model)
+        t = job.run_time_s(model, spread=cand.is_gang, speed=self.unconsolidated_speed)
         return -t if t is not None else 0.0
 
     def no_fit_reason(self, job: JobSpec, view: WorkingView) -> str:
@@ -459,6 +458,11 @@ class PlacementRatePolicy(UsedMemoryGuard):
             f"of {c.n}; GPU capacity for {c.gpu_capacity} job"
             f"{'' if c.gpu_capacity == 1 else 's'}"
         )
+
+    def explain_gang(
+        self, job: JobSpec, chosen: Candidate, cands: list[Candidate], view: WorkingView
+    ) -> str:
+        return f"{self.rank_text(job.id)}: {super().explain_gang(job, chosen, cands, view)}"
 
     def explain(
         self, job: JobSpec, chosen: Candidate, cands: list[Candidate], view: WorkingView

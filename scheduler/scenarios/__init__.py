@@ -29,7 +29,18 @@ from typing import Any
 
 from scheduler.cluster_spec import ClusterSpec, load_cluster_spec, parse_cluster_spec
 from scheduler.domain import JobSpec
-from scheduler.inputs import InputError, line_of, load_yaml, require_mapping, to_float, to_int
+from scheduler.inputs import (
+    MAX_JOB_GPUS,
+    MAX_MB,
+    MAX_SECONDS,
+    FieldLoc,
+    InputError,
+    line_of,
+    load_yaml,
+    require_mapping,
+    to_float,
+    to_int,
+)
 from scheduler.simulator.results import OomAction, SimConfig
 from scheduler.traces import load_profiles, read_trace
 
@@ -159,16 +170,19 @@ def _trace_jobs(section: Any, base: Path, path: Path, sline: int | None) -> list
 def _workload_jobs(section: Any, base: Path, path: Path, sline: int | None) -> list[JobSpec]:
     section = require_mapping(section, file=path, line=sline, field="workload")
 
-    def loc(key: str) -> dict[str, Any]:
+    def loc(key: str) -> FieldLoc:
         return {"file": path, "line": line_of(section, key) or sline, "field": f"workload.{key}"}
 
     if "profiles" not in section:
         raise InputError("missing profiles file", **loc("profiles"))
     profiles = load_profiles(base / str(section["profiles"]))
     interval = to_float(
-        section.get("arrival_interval_s", 0), minimum=0, **loc("arrival_interval_s")
+        section.get("arrival_interval_s", 0),
+        minimum=0,
+        maximum=MAX_SECONDS,
+        **loc("arrival_interval_s"),
     )
-    start = to_float(section.get("start_s", 0), minimum=0, **loc("start_s"))
+    start = to_float(section.get("start_s", 0), minimum=0, maximum=MAX_SECONDS, **loc("start_s"))
     order = section.get("order", "sequential")
     if order not in ("sequential", "round_robin"):
         raise InputError("expected sequential or round_robin", **loc("order"))
@@ -179,18 +193,20 @@ def _workload_jobs(section: Any, base: Path, path: Path, sline: int | None) -> l
     for i, g in enumerate(groups):
         gline = line_of(groups, i)
         g = require_mapping(g, file=path, line=gline, field=f"workload.jobs[{i}]")
-        gloc = {"file": path, "line": gline, "field": f"workload.jobs[{i}]"}
+        gloc: FieldLoc = {"file": path, "line": gline, "field": f"workload.jobs[{i}]"}
         name = g.get("profile")
         if name not in profiles:
             raise InputError(
                 f"unknown profile {name!r}; known: {', '.join(sorted(profiles))}", **gloc
             )
-        n = to_int(g.get("count", 1), minimum=1, **gloc)
+        n = to_int(g.get("count", 1), minimum=1, maximum=1_000_000, **gloc)
         fields = {
-            "gpus": to_int(g.get("gpus", 1), minimum=0, **gloc),
-            "cpus": to_int(g.get("cpus", 1), minimum=1, **gloc),
+            "gpus": to_int(g.get("gpus", 1), minimum=0, maximum=MAX_JOB_GPUS, **gloc),
+            "cpus": to_int(g.get("cpus", 1), minimum=1, maximum=MAX_JOB_GPUS, **gloc),
             "priority": to_int(g.get("priority", 0), **gloc),
-            "gpu_memory_mb": to_float(g.get("gpu_memory_mb"), minimum=0, allow_none=True, **gloc),
+            "gpu_memory_mb": to_float(
+                g.get("gpu_memory_mb"), minimum=0, maximum=MAX_MB, allow_none=True, **gloc
+            ),
             "job_type": g.get("job_type"),
         }
         expanded.append([(fields, name)] * n)
@@ -221,7 +237,11 @@ def _sim_config(section: Any, path: Path, sline: int | None) -> SimConfig:
     section = require_mapping(section, file=path, line=sline, field="simulation")
     values: dict[str, Any] = {}
     for key, value in section.items():
-        loc = {"file": path, "line": line_of(section, key) or sline, "field": f"simulation.{key}"}
+        loc: FieldLoc = {
+            "file": path,
+            "line": line_of(section, key) or sline,
+            "field": f"simulation.{key}",
+        }
         fld = _SIM_FIELDS.get(key)
         if fld is None:
             raise InputError(f"unknown setting; known: {', '.join(sorted(_SIM_FIELDS))}", **loc)
@@ -237,5 +257,8 @@ def _sim_config(section: Any, path: Path, sline: int | None) -> SimConfig:
         elif key in ("seed", "max_oom_restarts"):
             values[key] = to_int(value, **loc)
         else:
-            values[key] = to_float(value, minimum=0, **loc)
-    return SimConfig(**values)
+            values[key] = to_float(value, minimum=0, maximum=1e12, **loc)
+    try:
+        return SimConfig(**values)
+    except ValueError as exc:  # a setting out of its range (SimConfig.__post_init__)
+        raise InputError(str(exc), file=path, line=sline, field="simulation") from None

@@ -35,9 +35,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from itertools import count
 
+from scheduler.admission import admit, capacity_of
 from scheduler.catalog import MigLayoutError
 from scheduler.cluster_spec import ClusterSpec
 from scheduler.domain import (
+    Action,
     ActionKind,
     ClusterState,
     GpuSpec,
@@ -50,6 +52,7 @@ from scheduler.domain import (
     RunningJob,
     SharingMode,
 )
+from scheduler.interference import InterferenceModel
 from scheduler.policies.base import Policy
 from scheduler.simulator.results import (
     EndReason,
@@ -79,9 +82,10 @@ class _Job:
         "status",
         "placement",
         "gpus",
-        "node",
+        "nodes",
         "model",
         "solo_s",
+        "ref_s",
         "progress",
         "t_last",
         "rate",
@@ -112,9 +116,10 @@ class _Job:
         self.status = _PENDING
         self.placement: Placement | None = None
         self.gpus: list[_Gpu] = []
-        self.node: _Node | None = None
+        self.nodes: list[_Node] = []  # node rank order (one unless a gang)
         self.model: str | None = None
-        self.solo_s = 0.0
+        self.solo_s = 0.0  # solo time of its placement: spread over nodes for a gang
+        self.ref_s = 0.0  # solo time on one node of its model (Slow-Down's reference)
         self.progress = 0.0
         self.t_last = 0.0
         self.rate = 0.0
@@ -170,6 +175,11 @@ class _Job:
         i = bisect.bisect_right(self.bounds, p + 1e-12)
         return self.bounds[i] if i < len(self.bounds) else None
 
+    @property
+    def mig_profile(self) -> str | None:
+        """The MIG instance profile of its placement (None: not placed, or not under MIG)."""
+        return self.placement.mig_profile if self.placement is not None else None
+
     def progress_at(self, now: float) -> float:
         if self.rate <= 0.0:
             return self.progress
@@ -224,7 +234,7 @@ class Simulator:
         jobs: Sequence[JobSpec],
         policy: Policy,
         *,
-        interference: object | None = None,
+        interference: InterferenceModel | None = None,
         config: SimConfig | None = None,
         on_job_end: Callable[[int, int], None] | None = None,
     ) -> None:
@@ -253,6 +263,9 @@ class Simulator:
         self.gpu_count = sum(len(n.gpus) for n in self.nodes)
         # MIG instances per GPU (sharing hook: scheduler.simulator.sharing.MigBook).
         self.mig = MigBook(self.config.mig_relayout_s)
+        # What the cluster could ever give one job (scheduler.admission): jobs asking more
+        # are rejected at their arrival.
+        self.capacity = capacity_of(cluster.initial_nodes())
 
         self.now = 0.0
         self.heap: list[tuple] = []
@@ -281,8 +294,8 @@ class Simulator:
         self.touched_gpus: set[_Gpu] = set()
         self.touched_jobs: set[_Job] = set()
         # Snapshot caches.
-        self.node_states: list[NodeState] = [None] * len(self.nodes)  # type: ignore[list-item]
-        self.dirty_nodes: set[_Node] = set(self.nodes)
+        self.node_states: list[NodeState] = [self._node_state(n) for n in self.nodes]
+        self.dirty_nodes: set[_Node] = set()
         self.nodes_tuple: tuple[NodeState, ...] | None = None
         self.pending_tuple: tuple[JobSpec, ...] | None = None
         self.rj: dict[str, RunningJob] = {}
@@ -403,6 +416,12 @@ class Simulator:
 
     def _on_arrival(self, job: _Job) -> None:
         self.arrivals_left -= 1
+        verdict = admit(job.spec, self.capacity)
+        if not verdict.ok:
+            # It could never run here: rejected now rather than blocking the queue for ever.
+            job.explanation = f"rejected at arrival: {verdict.reason()}"
+            self._end_job(job, EndReason.REJECTED)
+            return
         job.t_last = self.now
         self.pending[job.spec.id] = job
         self.pending_specs[job.spec.id] = job.spec
@@ -488,15 +507,18 @@ class Simulator:
             if not gpu.jobs:
                 gpu.mode = None
             self.touched_gpus.add(gpu)
-        if job.node is not None and job.placement is not None:
-            job.node.free_cores += job.placement.cpus
-            self.dirty_nodes.add(job.node)
+        if job.placement is not None:
+            for node, part in zip(job.nodes, job.placement.parts, strict=True):
+                node.free_cores += part.cpus
+                self.dirty_nodes.add(node)
         if job.paused:
             job.paused_total += self.now - job.paused_since
             job.paused = False
             self.n_paused -= 1
         if job.segments and job.gpus:
-            self._count_live(job.gpus[0].node, -1)
+            for node in job.nodes:
+                self._count_live(node, -1)
+        job.nodes = []
         job.gpus = []
         job.rate = 0.0
         job.version += 1
@@ -564,8 +586,7 @@ class Simulator:
                 self._schedule_job(job)
                 forecast.update(job.gpus)
                 self.rj_dirty.add(job)
-                if job.node is not None:
-                    self.dirty_nodes.add(job.node)
+                self.dirty_nodes.update(job.nodes)
         for gpu in sorted(forecast, key=lambda g: (g.node.spec_index, g.index)):
             gpu.version += 1
             self.dirty_nodes.add(gpu.node)
@@ -599,22 +620,22 @@ class Simulator:
                 job.spec, job.placement, gpu.spec, mode, co, self.config.context_switch_overhead
             )
         if mode == SharingMode.MIG:
-            slices = self._mig_slices(gpu, job.placement.mig_profile)  # type: ignore[union-attr]
+            slices = self._mig_slices(gpu, job.mig_profile)
             total = gpu.spec.mig_total_slices or slices
             return (slices / total) ** self.config.mig_speed_exponent
         if mode == SharingMode.EXCLUSIVE or mode is None:
             return 1.0
-        co = [j.spec for j in gpu.jobs if j is not job and not j.paused]
-        if not co:
+        co_specs = [j.spec for j in gpu.jobs if j is not job and not j.paused]
+        if not co_specs:
             return 1.0
         part = 1.0
         if self.interference is not None:
-            part = self.interference.slowdown(job.spec, co, gpu.spec, mode)  # type: ignore
+            part = self.interference.slowdown(job.spec, co_specs, gpu.spec, mode)
             if math.isinf(part) or math.isnan(part):
                 return 0.0
             part = max(1.0, part)
         if mode == SharingMode.TIME_SLICING:
-            return 1.0 / ((1 + len(co)) * (1.0 + self.config.context_switch_overhead) * part)
+            return 1.0 / ((1 + len(co_specs)) * (1.0 + self.config.context_switch_overhead) * part)
         return 1.0 / part
 
     def _schedule_job(self, job: _Job) -> None:
@@ -665,11 +686,7 @@ class Simulator:
     def _util(self, gpu: _Gpu) -> float:
         if gpu.mode == SharingMode.MIG:
             total = gpu.spec.mig_total_slices or 1
-            used = sum(
-                self._mig_slices(gpu, j.placement.mig_profile)  # type: ignore[union-attr]
-                for j in gpu.jobs
-                if not j.paused
-            )
+            used = sum(self._mig_slices(gpu, j.mig_profile) for j in gpu.jobs if not j.paused)
             return min(1.0, used / total)
         return 1.0 if any(not j.paused for j in gpu.jobs) else 0.0
 
@@ -715,7 +732,7 @@ class Simulator:
         self.last_waiting = plan.waiting
         self.idle_calls = 0 if changed else self.idle_calls + 1
 
-    def _apply_action(self, action) -> bool:  # noqa: ANN001 - scheduler.domain.Action
+    def _apply_action(self, action: Action) -> bool:
         job = self.by_id.get(action.job_id)
         if job is None:
             raise PolicyDecisionError(
@@ -760,6 +777,8 @@ class Simulator:
         return True
 
     def _apply_decision(self, pl: Placement, explanation: str) -> None:
+        """Validate ``pl`` (every part of a gang: node, cores, GPU indices, one GPU model,
+        mode and memory on every GPU) and start the job; PolicyDecisionError if impossible."""
         name = self.policy_name
         job = self.by_id.get(pl.job_id)
         if job is None:
@@ -770,45 +789,72 @@ class Simulator:
                 pl.job_id,
                 f"placed a job that is {job.status}, not pending (placed twice?)",
             )
-        node = self.node_by_name.get(pl.node)
-        if node is None:
-            raise PolicyDecisionError(name, pl.job_id, f"placed on unknown node {pl.node!r}")
-        if pl.cpus > node.free_cores:
-            raise PolicyDecisionError(
-                name,
-                pl.job_id,
-                f"over-commits CPU cores on {node.name}: needs {pl.cpus}, "
-                f"{node.free_cores} of {node.cores} free",
-            )
-        spec = job.spec
-        gpus: list[_Gpu] = []
-        if pl.gpu_indices:
-            if len(pl.gpu_indices) != spec.gpus:
+        parts = pl.parts
+        nodes: list[_Node] = []
+        for part in parts:
+            node = self.node_by_name.get(part.node)
+            if node is None:
+                raise PolicyDecisionError(name, pl.job_id, f"placed on unknown node {part.node!r}")
+            if node in nodes:
+                raise PolicyDecisionError(name, pl.job_id, f"lists node {node.name} twice")
+            if part.cpus > node.free_cores:
                 raise PolicyDecisionError(
                     name,
                     pl.job_id,
-                    f"needs {spec.gpus} GPU(s) but was given {len(pl.gpu_indices)}",
+                    f"over-commits CPU cores on {node.name}: needs {part.cpus}, "
+                    f"{node.free_cores} of {node.cores} free",
                 )
-            if len(set(pl.gpu_indices)) != len(pl.gpu_indices):
-                raise PolicyDecisionError(name, pl.job_id, f"lists a GPU twice: {pl.gpu_indices}")
-            for idx in pl.gpu_indices:
-                if not 0 <= idx < len(node.gpus):
+            nodes.append(node)
+        spec = job.spec
+        gpus: list[_Gpu] = []
+        ref: float | None
+        if pl.gpu_count:
+            if pl.gpu_count != spec.gpus:
+                over = f" over {len(parts)} nodes" if pl.is_gang else ""
+                raise PolicyDecisionError(
+                    name,
+                    pl.job_id,
+                    f"needs {spec.gpus} GPU(s) but was given {pl.gpu_count}{over}",
+                )
+            for part, node in zip(parts, nodes, strict=True):
+                if not part.gpu_indices:
                     raise PolicyDecisionError(
-                        name,
-                        pl.job_id,
-                        f"placed on GPU {idx} of {node.name}, which has {len(node.gpus)} GPU(s)",
+                        name, pl.job_id, f"a gang part on {node.name} has no GPU"
                     )
-                gpus.append(node.gpus[idx])
-            model = gpus[0].spec.model
-            solo = spec.solo_time_s(model)
-            if solo is None:
+                if len(set(part.gpu_indices)) != len(part.gpu_indices):
+                    raise PolicyDecisionError(
+                        name, pl.job_id, f"lists a GPU of {node.name} twice: {part.gpu_indices}"
+                    )
+                for idx in part.gpu_indices:
+                    if not 0 <= idx < len(node.gpus):
+                        raise PolicyDecisionError(
+                            name,
+                            pl.job_id,
+                            f"placed on GPU {idx} of {node.name}, which has "
+                            f"{len(node.gpus)} GPU(s)",
+                        )
+                    gpus.append(node.gpus[idx])
+            models = sorted({g.spec.model for g in gpus})
+            if len(models) > 1:
+                raise PolicyDecisionError(
+                    name, pl.job_id, f"mixes GPU models {', '.join(models)} in one job"
+                )
+            model: str | None = models[0]
+            ref = spec.solo_time_s(model)
+            if ref is None:
                 raise PolicyDecisionError(
                     name, pl.job_id, f"has no solo time for GPU model {model} in its profile"
                 )
+            solo = self._spread_time(spec, models[0], ref) if pl.is_gang else ref
             mem = job.mem_at(job.progress)
             for gpu in gpus:
                 self._check_gpu_fits(job, gpu, pl, mem)
         else:
+            if pl.is_gang:
+                raise PolicyDecisionError(
+                    name, pl.job_id, "a CPU placement (no GPU) spread over several nodes"
+                )
+            node = nodes[0]
             if spec.profile is None or spec.profile.cpu_time_s is None:
                 raise PolicyDecisionError(
                     name,
@@ -816,7 +862,7 @@ class Simulator:
                     f"placed on CPU ({node.name}) but its profile has no cpu_time_s",
                 )
             model = None
-            solo = spec.profile.cpu_time_s
+            solo = ref = spec.profile.cpu_time_s
         # Apply.
         self._advance(job)
         self.pending.pop(pl.job_id)
@@ -824,19 +870,21 @@ class Simulator:
         self.pending_tuple = None
         job.status = _RUNNING
         job.placement = pl
-        job.node = node
+        job.nodes = nodes
         job.gpus = gpus
         job.model = model
         job.solo_s = float(solo)
+        job.ref_s = float(ref)
         job.paused = False
         if job.first_start is None:
             job.first_start = self.now
         job.last_start = self.now
         job.explanation = explanation
-        node.free_cores -= pl.cpus
-        self.dirty_nodes.add(node)
-        if job.segments and gpus:
-            self._count_live(node, +1)
+        for node, part in zip(nodes, parts, strict=True):
+            node.free_cores -= part.cpus
+            self.dirty_nodes.add(node)
+            if job.segments and gpus:
+                self._count_live(node, +1)
         for gpu in gpus:
             gpu.jobs.append(job)
             gpu.mode = pl.mode
@@ -858,6 +906,14 @@ class Simulator:
         if delay > 0:
             job.ready_at = max(job.ready_at, self.now + delay)
             self._push(job.ready_at, _READY, job)
+
+    def _spread_time(self, spec: JobSpec, model: str, solo: float) -> float:
+        """Solo time of ``spec`` spread over several nodes of ``model``: its profile's
+        unconsolidated time (measured), else ``solo / SimConfig.unconsolidated_speed``."""
+        measured = spec.profile.gpu_time_unconsolidated_s.get(model) if spec.profile else None
+        if measured is not None:
+            return measured
+        return solo / self.config.unconsolidated_speed
 
     def _count_live(self, node: _Node, delta: int) -> None:
         n = self.live_nodes.get(node, 0) + delta
@@ -991,9 +1047,12 @@ class Simulator:
                 if job.status != _RUNNING:
                     continue
                 job.rj_version += 1
+                placement = job.placement
+                if placement is None:  # a running job always has one
+                    raise SimulationError(f"job {job.spec.id!r} runs without a placement")
                 self.rj[job.spec.id] = RunningJob(
                     job=job.spec,
-                    placement=job.placement,  # type: ignore[arg-type]
+                    placement=placement,
                     started_s=job.last_start,
                     progress=job.progress_at(now),
                     paused=job.paused,
@@ -1032,11 +1091,11 @@ class Simulator:
         now = self.now
         values = []
         for job in self.running.values():
-            if job.solo_s <= 0 or job.first_start is None:
+            if job.ref_s <= 0 or job.first_start is None:
                 continue
             p = job.progress_at(now)
             remaining = (1.0 - p) / job.rate if job.rate > 0 else (1.0 - p) * job.solo_s
-            values.append((now - job.first_start + remaining) / job.solo_s)
+            values.append((now - job.first_start + remaining) / job.ref_s)
         if not values:
             return
         lo, hi = min(values), max(values)
@@ -1083,10 +1142,13 @@ class Simulator:
         finish = job.finish if completed else None
         start = job.first_start
         run = finish - start if finish is not None and start is not None else None
-        solo = job.solo_s if pl is not None else None
+        solo = job.ref_s if pl is not None else None
         location = ""
         if pl is not None:
-            location = f"{pl.node}/" + (",".join(map(str, pl.gpu_indices)) or "cpu")
+            location = "+".join(
+                f"{part.node}/" + (",".join(map(str, part.gpu_indices)) or "cpu")
+                for part in pl.parts
+            )
         slowdown = run / solo if run is not None and solo else None
         return JobRecord(
             job_id=spec.id,
@@ -1099,6 +1161,7 @@ class Simulator:
             end_s=job.finish,
             end_reason=str(job.reason),
             location=location,
+            nodes=len(pl.parts) if pl is not None else 0,
             gpu_model=job.model if pl is not None else None,
             mode=(str(pl.mode) if pl.gpu_indices else "cpu") if pl is not None else None,
             solo_s=solo,
@@ -1120,7 +1183,7 @@ def simulate(
     jobs: Sequence[JobSpec],
     policy: Policy,
     *,
-    interference: object | None = None,
+    interference: InterferenceModel | None = None,
     config: SimConfig | None = None,
     on_job_end: Callable[[int, int], None] | None = None,
 ) -> SimResult:

@@ -6,8 +6,10 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from scheduler.domain import UNCONSOLIDATED_SPEED
+
 if TYPE_CHECKING:  # pandas is only needed by the frame helpers
-    import pandas as pd
+    import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
 
 
 class SimulationError(RuntimeError):
@@ -35,6 +37,7 @@ class OomAction(StrEnum):
 class EndReason(StrEnum):
     COMPLETED = "completed"
     FAILED_OOM = "failed-oom"
+    REJECTED = "rejected"  # can never run on the cluster (scheduler.admission), at its arrival
     UNSCHEDULABLE = "unschedulable"  # still queued when nothing else could happen
     UNFINISHED = "unfinished"  # running (or paused) when the run stopped (horizon, stall)
 
@@ -63,6 +66,9 @@ class SimConfig:
     - ``max_time_s``: stop the simulation at this time (None: run until nothing can happen).
     - ``max_idle_ticks``: with periodic rescheduling, when nothing runs and nothing is left to
       arrive, ticks go on until the policy has changed nothing this many calls in a row.
+    - ``unconsolidated_speed``: a job spread over several nodes (a gang) whose profile has no
+      unconsolidated time runs at this fraction of its one-node speed (default 0.74, the median
+      of Gavel's measured unconsolidated / consolidated throughputs; ``scheduler.domain``).
     """
 
     seed: int = 0
@@ -77,16 +83,25 @@ class SimConfig:
     sample_interval_s: float | None = None
     max_time_s: float | None = None
     max_idle_ticks: int = 10
+    unconsolidated_speed: float = UNCONSOLIDATED_SPEED
+
+    def __post_init__(self) -> None:
+        if not 0 < self.unconsolidated_speed <= 10:
+            raise ValueError(
+                f"unconsolidated_speed must be in (0, 10], got {self.unconsolidated_speed!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """How one job went. Times in seconds since the trace origin; None where it never happened.
 
-    ``solo_s``: solo run time on the GPU model (or CPU) of its last placement. ``end_s``: when
-    it ended for any reason (``finish_s`` only for completed jobs). ``slowdown``:
-    (finish - first start) / solo_s (ALGORITHMS §5 at completion). ``speedup``: its inverse
-    (solo / co-run time, 0..1). ``location``: ``node/gpu,gpu`` or ``node/cpu``.
+    ``solo_s``: solo run time on the GPU model (or CPU) of its last placement, on one node
+    (a gang's spread penalty shows in its Slow-Down). ``end_s``: when it ended for any reason
+    (``finish_s`` only for completed jobs). ``slowdown``: (finish - first start) / solo_s
+    (ALGORITHMS §5 at completion). ``speedup``: its inverse (solo / co-run time, 0..1).
+    ``location``: ``node/gpu,gpu`` or ``node/cpu``; a gang's nodes joined by ``+``
+    (``v100-0/0,1,2,3+v100-1/0,1,2,3``); ``nodes``: how many nodes it ran on (0: never ran).
     """
 
     job_id: str
@@ -99,6 +114,7 @@ class JobRecord:
     end_s: float | None
     end_reason: str
     location: str
+    nodes: int
     gpu_model: str | None
     mode: str | None
     solo_s: float | None

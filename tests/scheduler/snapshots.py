@@ -93,6 +93,18 @@ def busy_gpu(
     return state, running
 
 
+def _usable_gpus(node: NodeState, j: JobSpec) -> int:
+    """The most GPUs of one model ``j`` may use (profiled, memory) on ``node``."""
+    if node.cores > 0 and node.cores < j.cpus:
+        return 0
+    times = j.profile.gpu_time_s if j.profile is not None else {}
+    counts: dict[str, int] = defaultdict(int)
+    for g in node.gpus:
+        if g.spec.memory_mb >= j.memory_need_mb() and (not times or times.get(g.spec.model)):
+            counts[g.spec.model] += 1
+    return max(counts.values(), default=0)
+
+
 def check_plan(state: ClusterState, plan: Plan, max_jobs_per_gpu: int | None = None) -> None:
     """Assert the plan respects the snapshot's capacity; raise AssertionError with the reason."""
     pending = {j.id: j for j in state.pending}
@@ -114,23 +126,39 @@ def check_plan(state: ClusterState, plan: Plan, max_jobs_per_gpu: int | None = N
         assert d.policy, "decision without a policy name"
         p = d.placement
         j = pending[p.job_id]
-        node = nodes[p.node]
-        assert node.up, f"{j.id} placed on down node {node.name}"
+        names = p.nodes
+        assert len(set(names)) == len(names), f"{j.id} lists a node twice: {names}"
         if j.gpus == 0:
+            node = nodes[p.node]
+            assert not p.is_gang, f"CPU job {j.id} spread over nodes"
             assert node.kind == NodeKind.CPU and not p.gpu_indices, f"CPU job {j.id} on {node}"
         else:
-            assert node.kind == NodeKind.GPU, f"GPU job {j.id} on CPU node"
-            assert len(p.gpu_indices) == j.gpus == len(set(p.gpu_indices)), p
+            keys = p.gpu_keys
+            assert len(keys) == j.gpus == len(set(keys)), f"{j.id}: {j.gpus} GPUs asked, {p}"
+            assert all(part.gpu_indices for part in p.parts), f"{j.id}: a gang part without GPU"
+            models = {nodes[n].gpus[i].spec.model for n, i in keys}
+            assert len(models) == 1, f"{j.id} mixes GPU models {models}"
             if j.gpus > 1:
                 assert p.mode == SharingMode.EXCLUSIVE, f"multi-GPU job {j.id} shares"
-        if node.cores > 0:
-            used_cores[node.name] += j.cpus
+            if p.is_gang:
+                # A gang only when no up node could hold the job on its own (GPUs of one model
+                # it may use, with the memory, and the cores), busy or not.
+                biggest = max((_usable_gpus(n, j) for n in state.nodes if n.up), default=0)
+                assert biggest < j.gpus, f"{j.id} spread though one node holds it"
         times = j.profile.gpu_time_s if j.profile is not None else {}
-        for i in p.gpu_indices:
-            gpu = node.gpus[i]
-            if times:
-                assert gpu.spec.model in times, f"{j.id} on unprofiled {gpu.spec.model}"
-            gpu_jobs[(node.name, i)].append((j, p.mode, p.mig_profile))
+        for part in p.parts:
+            node = nodes[part.node]
+            assert node.up, f"{j.id} placed on down node {node.name}"
+            if j.gpus > 0:
+                assert node.kind == NodeKind.GPU, f"GPU job {j.id} on CPU node"
+            assert part.cpus == j.cpus, f"{j.id}: {part.cpus} cores on {node.name}, asks {j.cpus}"
+            if node.cores > 0:
+                used_cores[node.name] += j.cpus
+            for i in part.gpu_indices:
+                gpu = node.gpus[i]
+                if times:
+                    assert gpu.spec.model in times, f"{j.id} on unprofiled {gpu.spec.model}"
+                gpu_jobs[(node.name, i)].append((j, p.mode, p.mig_profile))
     for name, cores in used_cores.items():
         assert cores <= nodes[name].free_cores, f"cores over-committed on {name}"
 

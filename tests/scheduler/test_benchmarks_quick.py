@@ -24,6 +24,13 @@ def test_decision_latency_quick(capsys):
         # Nodes of up to 8 GPUs.
         assert r["nodes"] == -(-r["gpus"] // 8)
     assert result["goal_met"] is False and result["goal_per_job_ms"] == {}  # not measured
+    gang = result["gang_case"]
+    assert {r["policy"] for r in gang} == set(available_policies())
+    for r in gang:
+        assert "error" not in r, r
+        assert r["gangs"] == 20 and 0 <= r["gangs_placed"] <= r["gangs"]
+    # Gangs of 16 to 32 GPUs on 100 nodes of 8 find room in the quick state: some are placed.
+    assert max(r["gangs_placed"] for r in gang) > 0
     out = capsys.readouterr().out
     assert "Decision latency as the cluster grows" in out and "ms/job" in out
 
@@ -31,6 +38,8 @@ def test_decision_latency_quick(capsys):
 def test_state_generator_is_deterministic_and_sized():
     a = decision_latency.build_state(100, 50)
     assert a == decision_latency.build_state(100, 50)
+    g = decision_latency.build_state(100, 30, gangs=True)
+    assert [j.gpus for j in g.pending][2::3] == [8, 16, 24, 32, 8, 16, 24, 32, 8, 16]
     assert sum(len(n.gpus) for n in a.nodes) == 100 and len(a.pending) == 50
     busy = sum(1 for n in a.nodes for g in n.gpus if g.job_ids)
     assert 0 < busy < 100 and len(a.running) == busy

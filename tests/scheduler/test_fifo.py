@@ -51,7 +51,7 @@ def test_never_shares_a_gpu_even_with_memory_free():
 
 def test_blocked_head_blocks_the_queue_without_backfill():
     state = ClusterState(
-        0.0, (gpu_node("n0", "V100", 2),), pending=(job("a"), job("wide", 1, gpus=4), job("small"))
+        0.0, (gpu_node("n0", "V100", 2),), pending=(job("a"), job("wide", 1, gpus=2), job("small"))
     )
     plan = _plan(state)
     assert _where(plan) == {"a": ("n0", (0,))}
@@ -61,7 +61,7 @@ def test_blocked_head_blocks_the_queue_without_backfill():
 
 def test_backfill_lets_later_jobs_pass_a_blocked_head():
     state = ClusterState(
-        0.0, (gpu_node("n0", "V100", 2),), pending=(job("a"), job("wide", 1, gpus=4), job("small"))
+        0.0, (gpu_node("n0", "V100", 2),), pending=(job("a"), job("wide", 1, gpus=2), job("small"))
     )
     plan = _plan(state, backfill=True)
     assert _where(plan) == {"a": ("n0", (0,)), "small": ("n0", (1,))}

@@ -96,6 +96,45 @@ def test_summary_row_counts_endings_and_has_the_cli_columns():
     assert row["oom_count"] == 4
 
 
+def _row(jobs):
+    timeline = pd.DataFrame({"t_s": [0.0, 210.0], "busy_gpus": [1.0, 0.0]})
+    samples = pd.DataFrame(columns=["t_s", "max_diff"])
+    return metrics.summary_row("p", jobs, timeline, samples, [0.001], gpu_count=2, oom_count=0)
+
+
+def test_an_incomplete_run_gives_no_jct_or_makespan_and_says_why():
+    row = _row(jobs_frame())  # one unschedulable, one failed
+    assert row["status"] == "incomplete: 1 failed-oom, 1 unschedulable"
+    for column in ("avg_jct_s", "avg_queue_s", "makespan_s", "antt"):
+        assert math.isnan(row[column]), column
+    assert row["completed"] == 3  # still counted
+
+
+def test_rejected_jobs_do_not_make_a_run_incomplete():
+    jobs = jobs_frame()
+    jobs = jobs[jobs["job_id"].isin(["a", "b", "c"])].copy()
+    jobs.loc[len(jobs)] = {"job_id": "r", "arrival_s": 1.0, "end_reason": "rejected", "gpus": 99}
+    row = _row(jobs)
+    assert row["status"] == "complete" and row["rejected"] == 1 and row["completed"] == 3
+    assert row["avg_jct_s"] == pytest.approx((100 + 210 + 110) / 3)  # over the admitted jobs
+    assert row["makespan_s"] == pytest.approx(210.0)
+
+
+def test_ranking_leaves_incomplete_runs_out_whatever_their_figures():
+    summary = pd.DataFrame(
+        [
+            {"policy": "slow", "status": "complete", "avg_jct_s": 900.0},
+            {"policy": "quick-but-left-jobs", "status": "incomplete: 4 unfinished"},
+            {"policy": "fast", "status": "complete", "avg_jct_s": 300.0},
+        ]
+    )
+    assert metrics.ranking(summary) == [("fast", 300.0), ("slow", 900.0)]
+    summary["rejected"] = 0
+    notes = metrics.summary_notes(summary)
+    assert notes[0].startswith("INCOMPLETE quick-but-left-jobs: 4 unfinished")
+    assert notes[-1] == "ranking by avg JCT (complete runs only): 1. fast 300 s, 2. slow 900 s"
+
+
 def test_empty_results_give_nan_not_errors():
     jobs = jobs_frame()
     none_done = jobs[jobs["end_reason"] != "completed"]

@@ -6,7 +6,17 @@ import random
 
 import pytest
 
-from scheduler.domain import ClusterState, JobSpec, Profile, SharingMode
+from scheduler.catalog import gpu_spec
+from scheduler.domain import (
+    ClusterState,
+    GpuState,
+    JobSpec,
+    Placement,
+    PlacementPart,
+    Profile,
+    RunningJob,
+    SharingMode,
+)
 from scheduler.policies.registry import available_policies, build_policy
 from tests.scheduler.snapshots import GB, busy_gpu, check_plan, cpu_node, gpu_node, job
 
@@ -100,7 +110,66 @@ def _full() -> ClusterState:
     )
 
 
+def _gangs() -> ClusterState:
+    """Three models of 4-GPU nodes (one V100 node down), a gang running over two V100 nodes,
+    and jobs larger than any node (gangs), next to single-node and single-GPU jobs."""
+    times = {"V100": 3600.0, "P100": 6000.0, "K80": 12000.0}
+    prof = Profile("resnet x8", gpu_time_s=times, gpu_time_unconsolidated_s={"V100": 7200.0})
+
+    def gang(job_id: str, gpus: int, cpus: int = 1) -> JobSpec:
+        return JobSpec(id=job_id, gpus=gpus, cpus=cpus, gpu_memory_mb=2 * GB, profile=prof)
+
+    running = RunningJob(
+        gang("run-g", 6),
+        Placement(
+            "run-g",
+            "v1",
+            (0, 1, 2, 3),
+            SharingMode.EXCLUSIVE,
+            more=(PlacementPart("v2", (0, 1)),),
+        ),
+        started_s=0.0,
+        progress=0.4,
+    )
+    v1 = {
+        i: GpuState("v1", i, gpu_spec("V100"), SharingMode.EXCLUSIVE, ("run-g",), 2 * GB)
+        for i in range(4)
+    }
+    v2 = {
+        i: GpuState("v2", i, gpu_spec("V100"), SharingMode.EXCLUSIVE, ("run-g",), 2 * GB)
+        for i in range(2)
+    }
+    return ClusterState(
+        now_s=500.0,
+        nodes=(
+            gpu_node("v0", "V100", 4),
+            gpu_node("v1", "V100", 4, gpus=v1),
+            gpu_node("v2", "V100", 4, gpus=v2),
+            gpu_node("v3", "V100", 4, up=False),
+            gpu_node("p0", "P100", 4),
+            gpu_node("p1", "P100", 4),
+            gpu_node("p2", "P100", 4, cores=1),
+            gpu_node("k0", "K80", 4),
+            gpu_node("k1", "K80", 4),
+            gpu_node("k2", "K80", 4),
+        ),
+        pending=(
+            gang("g8", 8),
+            job("s1", 4),
+            gang("g12", 12),
+            gang("g5", 5, cpus=2),  # not on p2 (1 core)
+            gang("m3", 3),  # fits one node: never spread
+            gang("g8b", 8),
+            gang("g16", 16),  # more than the up nodes of any model hold
+            job("s2", 2),
+            gang("m4", 4),
+        ),
+        running=(running,),
+    )
+
+
 SNAPSHOTS = {
+    "gangs": _gangs,
     "mixed": _mixed,
     "busy": _busy,
     "mig": _mig,
@@ -126,6 +195,28 @@ def test_same_seed_same_plan(name):
         a = build_policy(name).schedule(make(), random.Random(42))
         b = build_policy(name).schedule(make(), random.Random(42))
         assert a == b
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_gangs_are_placed_whole_or_wait_with_what_is_missing(name):
+    state = _gangs()
+    check_plan(state, build_policy(name).schedule(state, random.Random(5)))
+    plan = build_policy(name, {"backfill": True}).schedule(state, random.Random(5))
+    check_plan(state, plan)  # whole gangs, one model, cores on every node, nothing shared
+    gangs = [d.placement for d in plan.decisions if d.placement.is_gang]
+    assert gangs, f"{name} placed no gang although 12 P100 and 12 K80 are idle"
+    for pl in gangs:
+        assert (
+            len(pl.parts) >= 2
+            and pl.gpu_count == {"g8": 8, "g12": 12, "g5": 5, "g8b": 8}[pl.job_id]
+        )
+    placed = {d.placement.job_id for d in plan.decisions}
+    assert "g16" in plan.waiting and "at most 12" in plan.waiting["g16"]
+    for job_id in {"g8", "g12", "g5", "g8b"} - placed:
+        assert "at once on several nodes" in plan.waiting[job_id], plan.waiting[job_id]
+    for d in plan.decisions:
+        if d.placement.job_id == "m3":
+            assert not d.placement.is_gang
 
 
 @pytest.mark.parametrize("name", POLICIES)

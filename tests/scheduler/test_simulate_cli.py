@@ -107,6 +107,22 @@ def test_trace_run_writes_consistent_csvs_and_an_offline_report(small_inputs, tm
         assert title in html
 
 
+def test_an_incomplete_run_is_marked_in_the_table_csv_and_report(tmp_path):
+    out = tmp_path / "cut"
+    proc = run_cli(
+        "--scenario", "physical96", "--policy", "fifo", "--max-time", "50000", "--out", str(out)
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "INCOMPLETE fifo:" in proc.stdout and "unfinished" in proc.stdout
+    assert "ranking: no complete run to rank" in proc.stdout
+    summary = pd.read_csv(out / "summary.csv", keep_default_na=False)
+    row = summary.iloc[0]
+    assert row["status"].startswith("incomplete:") and row["unfinished"] > 0
+    assert row["avg_jct_s"] == "" and row["makespan_s"] == ""  # empty cells, not figures
+    html = (out / "report.html").read_text()
+    assert 'class="incomplete">INCOMPLETE fifo:' in html
+
+
 def test_scenario_run_and_listing(tmp_path):
     listing = run_cli("--list-scenarios")
     assert listing.returncode == 0
@@ -117,6 +133,8 @@ def test_scenario_run_and_listing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     summary = pd.read_csv(out / "summary.csv")
     assert summary.loc[0, "jobs"] == 25 and summary.loc[0, "completed"] == 25
+    assert summary.loc[0, "status"] == "complete"
+    assert "ranking by avg JCT (complete runs only): 1. fifo" in proc.stdout
     jobs = pd.read_csv(out / "jobs.csv")
     assert set(jobs["gpu_model"]) == {"TitanXp"}
     assert (out / "report.html").exists()

@@ -250,10 +250,11 @@ def test_unplaceable_job_ends_unschedulable_with_the_policys_reason():
             if j.gpus == 1 and not state.running:
                 decisions.append(Decision(Placement(j.id, "n-0", (0,)), "t", "fits"))
             else:
-                waiting[j.id] = "needs 2 GPUs on one node; nodes have 1"
+                waiting[j.id] = "needs 2 GPUs; this policy never places them"
         return Plan(decisions=tuple(decisions), waiting=waiting)
 
-    result = simulate(ONE_V100, jobs, Scripted(plan))
+    # Admissible (the node has 2 GPUs), but the policy never places it.
+    result = simulate(TWO_V100, jobs, Scripted(plan))
     recs = records(result)
     assert recs["one"].end_reason == EndReason.COMPLETED
     assert recs["two"].end_reason == EndReason.UNSCHEDULABLE

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
 
-from scheduler.domain import Decision, Placement, Plan, SharingMode
+from scheduler.domain import Decision, Placement, PlacementPart, Plan, SharingMode
 from scheduler.simulator import EndReason, PolicyDecisionError, SimConfig, simulate
 from tests.scheduler.sim_helpers import (
     FixedSlowdown,
@@ -127,6 +128,28 @@ def _place(*placements):
 
 ONE = cluster({"name": "n", "gpu_model": "V100", "gpus_per_node": 2, "cpus": 4})
 A30 = cluster({"name": "a", "gpu_model": "A30", "gpus_per_node": 1, "cpus": 4})
+V_K = cluster(
+    {"name": "n", "gpu_model": "V100", "gpus_per_node": 2, "cpus": 4},
+    {"name": "k", "gpu_model": "K80", "gpus_per_node": 2, "cpus": 4},
+)
+TWO_NODES = cluster(
+    {"name": "n", "count": 2, "gpu_model": "V100", "gpus_per_node": 2, "cpus": 4},
+    {"name": "k", "gpu_model": "K80", "gpus_per_node": 2, "cpus": 4},
+)
+
+
+def both(job_id: str, gpus: int):
+    """A job with solo times on V100 and K80."""
+    spec = job(job_id, 10, gpus=gpus)
+    profile = dataclasses.replace(spec.profile, gpu_time_s={"V100": 10.0, "K80": 30.0})
+    return dataclasses.replace(spec, profile=profile)
+
+
+def spread(job_id: str, *parts, cpus: int = 1) -> Placement:
+    (node, idx), *more = parts
+    return Placement(
+        job_id, node, idx, cpus=cpus, more=tuple(PlacementPart(n, i, cpus) for n, i in more)
+    )
 
 
 @pytest.mark.parametrize(
@@ -162,7 +185,50 @@ A30 = cluster({"name": "a", "gpu_model": "A30", "gpus_per_node": 1, "cpus": 4})
         (ONE, [job("a", 10)], [Placement("a", "nowhere", (0,))], "unknown node"),
         (ONE, [job("a", 10)], [Placement("a", "n-0", (5,))], "GPU 5"),
         (ONE, [job("a", 10, gpus=2)], [Placement("a", "n-0", (0,))], "needs 2 GPU"),
-        (ONE, [job("a", 10, model="K80")], [Placement("a", "n-0", (0,))], "no solo time"),
+        (V_K, [job("a", 10, model="K80")], [Placement("a", "n-0", (0,))], "no solo time"),
+        # Gangs: every part is checked.
+        (
+            TWO_NODES,
+            [both("a", 4)],
+            [spread("a", ("n-0", (0, 1)), ("k-0", (0, 1)))],
+            "mixes GPU",
+        ),
+        (
+            TWO_NODES,
+            [job("a", 10, gpus=3)],
+            [spread("a", ("n-0", (0, 1)), ("n-1", (0, 1)))],
+            "needs 3 GPU(s) but was given 4 over 2 nodes",
+        ),
+        (
+            TWO_NODES,
+            [job("a", 10, gpus=2)],
+            [spread("a", ("n-0", (0, 1)), ("n-1", ()))],
+            "part on n-1 has no GPU",
+        ),
+        (
+            TWO_NODES,
+            [job("a", 10, gpus=4)],
+            [spread("a", ("n-0", (0, 1)), ("n-0", (0, 1)))],
+            "lists node n-0 twice",
+        ),
+        (
+            TWO_NODES,
+            [job("a", 10), job("b", 10, gpus=4)],
+            [Placement("a", "n-1", (1,)), spread("b", ("n-0", (0, 1)), ("n-1", (0, 1)))],
+            "double-books n-1/1",
+        ),
+        (
+            TWO_NODES,
+            [job("a", 10, gpus=4)],
+            [spread("a", ("n-0", (0, 1)), ("n-1", (0, 1)), cpus=9)],
+            "CPU cores on n-0",
+        ),
+        (
+            TWO_NODES,
+            [job("a", 10, gpus=4)],
+            [spread("a", ("n-0", (0, 1)), ("n-1", (0, 7)))],
+            "GPU 7 of n-1",
+        ),
         (
             ONE,
             [job("a", 10)],

@@ -21,7 +21,15 @@ from scheduler.traces import (
     write_profile_trace,
 )
 
-SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+# ../shared/data next to the project (main) or to the worktrees' parent (/work/wt/<name>).
+SHARED = next(
+    (
+        p / "shared" / "data"
+        for p in Path(__file__).resolve().parents
+        if (p / "shared" / "data" / "alibaba_v2023").is_dir()
+    ),
+    Path(__file__).resolve().parents[3] / "shared" / "data",
+)
 ALIBABA = SHARED / "alibaba_v2023" / "openb_pod_list_default.csv"
 GAVEL_HEADER = "job_id,job_type,arrival_time_s,total_steps,scale_factor\n"
 
@@ -66,7 +74,7 @@ def test_vendored_gavel_traces_read_completely():
         ("1,Quantum (batch size 1),0,10,1", 3, "job_type", "unknown job type"),
         ("1,A3C,zero,10,1", 3, "arrival_time_s", "expected a number"),
         ("1,A3C,0,10,3", 3, "scale_factor", "not measured at scale factor 3"),
-        ("1,A3C,0,-5,1", 3, "total_steps", ">= 0"),
+        ("1,A3C,0,-5,1", 3, "total_steps", "must be > 0"),
         ("0,A3C,0,10,1", 3, "job_id", "used twice"),
     ],
 )
