@@ -185,3 +185,27 @@ def test_no_rank_survives_the_loss_of_its_peers_node(alice, agents, settings):
     _until([first], lambda: not _alive(pid_a), what="rank 0 to be stopped")
     event = JobEvent.objects.filter(job=job, to_state="PENDING").get()
     assert event.message.startswith("node gang-b lost")
+
+
+def test_the_scheduler_places_a_gang_whole_and_both_ranks_run_it(alice, agents, tmp_path):
+    """A 4-GPU job on nodes of 2 GPUs: the policy (fifo, through the framework) spreads it
+    over both nodes, the cycle writes one attempt with a part per node, and each node's agent
+    starts its rank; the job completes when both have."""
+    from portal.core.models import PolicySettings
+    from portal.core.scheduling import run_cycle
+
+    PolicySettings.objects.all().delete()
+    PolicySettings.objects.create(name="t", policy="fifo", active=True)
+    for agent in agents:
+        agent.step()  # registered, leases fresh
+    out = tmp_path / "ranks"
+    out.mkdir()
+    job, _ = services.job_submit(
+        alice, name="spread", command=f"echo $NODE_RANK > {out}/$NODE_RANK", gpus=4
+    )
+    assert run_cycle().placed == [job.pk]
+    placement = Placement.objects.get(job=job)
+    assert sorted(p.node.name for p in placement.parts.all()) == list(NODES)
+    _until(agents, lambda: _state(job) == "COMPLETED", what="the gang to complete")
+    assert sorted(f.name for f in out.iterdir()) == ["0", "1"]
+    assert all(p.outcome == "exited" and p.exit_code == 0 for p in placement.parts.all())
