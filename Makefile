@@ -17,7 +17,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 # Browser tests drive Debian's headless Chromium through its chromedriver.
 BROWSER_PACKAGES := chromium chromium-driver
 
-.PHONY: install demo test lint bench bench-quick browser-deps migrate clean lock docs
+.PHONY: install demo test lint bench bench-quick browser-deps migrate clean lock docs chaos
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -92,6 +92,13 @@ browser-deps:
 
 test: install lint browser-deps
 	$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS)
+
+# The chaos suite (docs/reliability.md): the real stack on a scratch PostgreSQL database and a
+# private Redis, under six faults; prints the table and fails if a job was lost, ran twice,
+# ran concurrently or got stuck. CHAOS_ARGS="--quick" for the short variant `make test` runs.
+chaos: install
+	$(TEST_ENV) TEST_DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
+		$(BIN)/python -m tests.e2e.chaos $(CHAOS_ARGS)
 
 bench: install
 	$(TEST_ENV) $(BIN)/python -m benchmarks $(BENCH_ARGS)

@@ -3,9 +3,10 @@
 Set-up, every part real: a scratch PostgreSQL database (migrated); gunicorn serving
 ``portal.wsgi`` (2 sync workers, DEBUG off); Redis db 14 (flushed before and after) as broker and
 latest-metrics store; one Celery worker (prefork, concurrency 1) on the ``scheduler`` queue; one
-node agent as a subprocess (``manage.py node_agent --name bench-gpu --backend virtual --gpus
-TitanXpx8 --cores 16 --interval 0.5``: a Celery worker on ``node.bench-gpu`` plus its sampler
-thread). No beat: every cycle here is the one a submission (or a job's end) triggers, as in a
+node agent as a subprocess (``python -m workers.agent --name bench-gpu --backend virtual --gpus
+TitanXpx8 --cores 16 --sample-every 0.5``, with a node token and no database credentials: it
+syncs with gunicorn over HTTP every second and at once when the portal nudges it through
+Redis). No beat: every cycle here is the one a submission (or a job's end) triggers, as in a
 deployment between two beat ticks. The active policy is the default (fifo).
 
 **Submit -> RUNNING.** One client submits jobs one at a time like a CI pipeline would (``POST
@@ -14,16 +15,19 @@ seconds so the cluster is never saturated (at most two or three jobs run at once
 16 cores): what is measured is latency, not queueing. Each job is a real process, the job
 emulator (``python -m workers.emulate --duration 1.5``), asking 1 GPU and 512 MB. The times come
 from the database afterwards: ``Job.submitted_at`` (written by gunicorn when the row is created)
-to the ``JobEvent`` with ``to_state`` RUNNING (written by the agent right after it started the
-process); the same for SCHEDULED (written by the scheduler worker) splits it in two. All
+to the ``JobEvent`` with ``to_state`` RUNNING (written by the portal when the agent's sync reports
+the attempt started: the scheduler's commit nudges the agent, whose sync gets the attempt, starts
+its runner and syncs again at once); the same for SCHEDULED (written by the scheduler worker)
+splits it in two. All
 processes run on this machine, so their clocks agree. "POST sent -> RUNNING" adds the HTTP
 request up to the row's creation (the client's clock before sending). A few warm-up jobs (not
 counted) let gunicorn's workers, the scheduler worker and the agent load their code first.
 
-**Ingestion.** While the jobs run, the agent's sampler writes ``MetricSample`` rows (per GPU:
-utilisation, memory used and total; per job: progress and slow-down) every ``--interval``; the
-rows it wrote are counted in the database at the start and the end of the submission phase
-(``count(*)`` over the node's rows), giving rows/s, and the distinct sample times of the GPU
+**Ingestion.** While the jobs run, the agent samples (per GPU: utilisation, memory used and
+total; per job: progress and slow-down) every ``--sample-every`` and its syncs carry the samples
+to the portal, which writes ``MetricSample`` rows; the rows are counted in the database at the
+start and the end of the submission phase (``count(*)`` over the node's rows), giving rows/s,
+and the distinct sample times of the GPU
 rows give the sampler's achieved ticks/s. Then, with every server stopped, the metrics store's
 batched insert (``portal.core.metrics.metrics_record``: one ``bulk_create`` in batches of 1,000
 rows, then the latest values into Redis) is timed on the scratch database for 100,000 GPU
@@ -128,31 +132,41 @@ def _flush_redis(url: str) -> None:
 
 @contextlib.contextmanager
 def node_agent(
-    env: dict[str, str], database_url: str, *, timeout_s: float = 90
+    env: dict[str, str], database_url: str, portal_url: str, *, timeout_s: float = 90
 ) -> Iterator[Running]:
-    """Start ``manage.py node_agent`` for ``NODE`` (virtual backend) with ``env`` (whose
-    ``COSCHED_DATA_DIR`` must be this run's own directory); yields once the node is UP in
-    ``database_url`` and the agent's Celery worker is ready; stops it on exit, then kills any job
-    process it left behind (the agent deliberately leaves running jobs alone on shutdown)."""
+    """Start ``python -m workers.agent`` for ``NODE`` (virtual backend) with a node token made
+    for it and none of the portal's credentials (``env``'s ``COSCHED_DATA_DIR`` must be this
+    run's own directory); yields once its first sync registered the node in ``database_url``;
+    stops it on exit, then kills any job and runner it left behind (the agent deliberately
+    leaves running jobs to their runners on shutdown)."""
     import psycopg
 
+    token_file = Path(env["COSCHED_DATA_DIR"]) / f"{NODE}.token"
+    manage(["node_token", "create", NODE, "--file", str(token_file)], env)
     args = [
         sys.executable,
-        "manage.py",
-        "node_agent",
+        "-m",
+        "workers.agent",
         "--name",
         NODE,
+        "--portal",
+        portal_url,
+        "--token-file",
+        str(token_file),
+        "--nudge-url",
+        env["REDIS_URL"],
         "--backend",
         "virtual",
         "--gpus",
         GPUS,
         "--cores",
         "16",
-        "--interval",
+        "--sample-every",
         str(SAMPLER_INTERVAL_S),
     ]
+    agent_env = {"COSCHED_DATA_DIR": env["COSCHED_DATA_DIR"], "LOG_LEVEL": "WARNING"}
     try:
-        with _started(args, env, f"agent-{NODE}") as (log, process):
+        with _started(args, agent_env, f"agent-{NODE}") as (log, process):
             deadline = time.monotonic() + timeout_s
             with psycopg.connect(database_url, autocommit=True) as conn:
                 while True:
@@ -163,7 +177,7 @@ def node_agent(
                     up = conn.execute(
                         "SELECT 1 FROM core_node WHERE name = %s AND status = 'up'", [NODE]
                     ).fetchone()
-                    if up and " ready." in log.read_text(errors="replace"):
+                    if up and ": registered;" in log.read_text(errors="replace"):
                         break
                     if time.monotonic() > deadline:
                         raise TimeoutError(
@@ -176,29 +190,11 @@ def node_agent(
 
 
 def _kill_job_processes(node: str, data_dir: str) -> list[int]:
-    """SIGKILL the process groups of job processes our agent started: ``COSCHED_NODE=node`` in
-    their environment and their working directory under ``data_dir`` (the agent runs each job
-    in ``<data>/work/job-<id>``, and ``data_dir`` is this run's own); returns the group ids."""
-    import signal
+    """SIGKILL the runners and jobs our agent started (they carry its marker, derived from its
+    state directory under ``data_dir``, this run's own); returns the group ids."""
+    from workers.agent import kill_marked_processes, marker_for
 
-    marker = f"COSCHED_NODE={node}".encode()
-    root = str(Path(data_dir).resolve())
-    groups = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if marker not in (entry / "environ").read_bytes().split(b"\0"):
-                continue
-            if os.readlink(entry / "cwd").startswith(root + os.sep):
-                groups.add(os.getpgid(int(entry.name)))
-        except (OSError, ProcessLookupError):
-            continue
-    groups.discard(os.getpgrp())
-    for group in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, signal.SIGKILL)
-    return sorted(groups)
+    return kill_marked_processes(marker_for(Path(data_dir).absolute() / "agent" / node))
 
 
 # -- reading the database -----------------------------------------------------------------------
@@ -331,7 +327,7 @@ def run(quick: bool = False) -> dict:
             with (
                 gunicorn(env, free_port(), workers=2) as server,
                 celery_worker(env, ["scheduler"], "bench-scheduler") as scheduler,
-                node_agent(env, database_url) as agent,
+                node_agent(env, database_url, server.url) as agent,
                 requests.Session() as session,
                 psycopg.connect(database_url, autocommit=True) as conn,
             ):
@@ -445,11 +441,11 @@ def _print_tables(
     print(
         f"({jobs} jobs, {placed_on_gpu} placed on a GPU, one submitted every {INTERVAL_S} s, "
         f"each `python -m workers.emulate` for {JOB_DURATION_S} s; gunicorn 2 workers, "
-        "1 scheduler worker, 1 virtual node agent, PostgreSQL, Redis)"
+        "1 scheduler worker, 1 virtual node agent syncing over HTTP, PostgreSQL, Redis)"
     )
     print()
     print(
-        f"agent sampler ({GPU_COUNT} virtual GPUs, --interval {SAMPLER_INTERVAL_S}) over "
+        f"agent sampler ({GPU_COUNT} virtual GPUs, --sample-every {SAMPLER_INTERVAL_S}) over "
         f"{ingestion['window_s']:.1f} s: {ingestion['rows']} rows, "
         f"{ingestion['rows_per_s']:.1f} rows/s (GPU {ingestion['gpu_rows_per_s']:.1f}, "
         f"job {ingestion['job_rows_per_s']:.1f}); {ingestion['ticks_per_s']:.2f} ticks/s "

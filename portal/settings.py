@@ -10,7 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from portal.env import envbool, envint, envlist, envstr
+from portal.env import envbool, envfloat, envint, envlist, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("COSCHED_DATA_DIR", str(BASE_DIR / "var")))
@@ -90,10 +90,20 @@ DATABASES = {"default": dj_database_url.parse(envstr("DATABASE_URL", _default_db
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
     # The embedded default writes from the web threads and the in-process loop: wait for the
-    # lock instead of failing, and let readers go on while one thread writes.
+    # lock instead of failing, and let readers go on while one thread writes. IMMEDIATE: a
+    # transaction takes the write lock when it begins, so two writers queue on the timeout
+    # instead of one failing at once when it upgrades from reading to writing.
     DATABASES["default"].setdefault("OPTIONS", {}).update(
-        {"timeout": 30, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"}
+        {
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+        }
     )
+else:
+    # A connection killed under us (a PostgreSQL restart, pg_terminate_backend) is noticed and
+    # replaced at the next request instead of failing it.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 if envstr("TEST_DB_NAME"):  # lets parallel test runs on one server use separate databases
     DATABASES["default"]["TEST"] = {"NAME": envstr("TEST_DB_NAME")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -178,9 +188,12 @@ REDIS_URL = envstr("REDIS_URL")
 if REDIS_URL:
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            # Django's Redis cache, but reads miss and writes are dropped while Redis is down:
+            # the API must keep working then (docs/reliability.md).
+            "BACKEND": "portal.core.cache.ResilientRedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "cosched-cache",
+            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
         }
     }
 CELERY_BROKER_URL = REDIS_URL or "memory://"
@@ -191,11 +204,36 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 
 CELERY_TASK_DEFAULT_QUEUE = "scheduler"
+COSCHED = {
+    "METRICS_RETENTION_DAYS": envint("COSCHED_METRICS_RETENTION_DAYS", 14),
+    "IDEMPOTENCY_TTL_S": envint("COSCHED_IDEMPOTENCY_TTL_S", 24 * 3600),
+    # Larger API request bodies get a JSON 413 (portal.api.limits).
+    "API_MAX_BODY_BYTES": envint("COSCHED_API_MAX_BODY_BYTES", 4 * 1024 * 1024),
+    # API tokens expire this many days after creation (0: never).
+    "TOKEN_EXPIRY_DAYS": envint("COSCHED_TOKEN_EXPIRY_DAYS", 0),
+    # Node leases (docs/reliability.md): one agent sync keeps a node's lease LEASE_S seconds;
+    # its runners stop its jobs when it runs out; the portal starts them elsewhere only
+    # LEASE_MARGIN_S after that. Agents sync every SYNC_INTERVAL_S (and when nudged).
+    "LEASE_S": envfloat("COSCHED_LEASE_S", 20.0),
+    "LEASE_MARGIN_S": envfloat("COSCHED_LEASE_MARGIN_S", 10.0),
+    "SYNC_INTERVAL_S": envfloat("COSCHED_SYNC_INTERVAL_S", 1.0),
+    "RECONCILE_EVERY_S": envfloat("COSCHED_RECONCILE_EVERY_S", 5.0),
+    "CYCLE_EVERY_S": envfloat("COSCHED_CYCLE_EVERY_S", 10.0),
+}
+if COSCHED["LEASE_S"] <= 2 * COSCHED["SYNC_INTERVAL_S"] or COSCHED["LEASE_MARGIN_S"] <= 0:
+    raise ValueError(
+        "COSCHED_LEASE_S must exceed two sync intervals (COSCHED_SYNC_INTERVAL_S) and "
+        "COSCHED_LEASE_MARGIN_S must be positive"
+    )
+DATA_UPLOAD_MAX_MEMORY_SIZE = COSCHED["API_MAX_BODY_BYTES"]
+
 # Periodic work (``celery -A portal beat``): a cycle also runs on every submission, job end and
-# node change; the beat catches anything those missed.
+# node change (through the outbox); the beat catches anything those missed, finds lost nodes
+# and retries outbox messages the broker refused.
 CELERY_BEAT_SCHEDULE = {
-    "schedule-cycle": {"task": "cosched.schedule_cycle", "schedule": 10.0},
-    "check-nodes": {"task": "cosched.check_nodes", "schedule": 10.0},
+    "schedule-cycle": {"task": "cosched.schedule_cycle", "schedule": COSCHED["CYCLE_EVERY_S"]},
+    "reconcile": {"task": "cosched.reconcile", "schedule": COSCHED["RECONCILE_EVERY_S"]},
+    "outbox-relay": {"task": "cosched.outbox_relay", "schedule": 2.0},
     "cluster-metrics": {"task": "cosched.cluster_metrics", "schedule": 5.0},
     "metrics-retention": {"task": "cosched.metrics_retention", "schedule": 3600.0},
     # Co-scheML online learning (portal.ml): live co-runs -> samples; retrain proposals.
@@ -203,19 +241,9 @@ CELERY_BEAT_SCHEDULE = {
     "ml-retrain": {"task": "cosched.ml_retrain", "schedule": 6 * 3600.0},
 }
 
-COSCHED = {
-    "METRICS_RETENTION_DAYS": envint("COSCHED_METRICS_RETENTION_DAYS", 14),
-    "NODE_DOWN_AFTER_S": envint("COSCHED_NODE_DOWN_AFTER_S", 30),
-    "IDEMPOTENCY_TTL_S": envint("COSCHED_IDEMPOTENCY_TTL_S", 24 * 3600),
-    # Larger API request bodies get a JSON 413 (portal.api.limits).
-    "API_MAX_BODY_BYTES": envint("COSCHED_API_MAX_BODY_BYTES", 4 * 1024 * 1024),
-    # API tokens expire this many days after creation (0: never).
-    "TOKEN_EXPIRY_DAYS": envint("COSCHED_TOKEN_EXPIRY_DAYS", 0),
-}
-DATA_UPLOAD_MAX_MEMORY_SIZE = COSCHED["API_MAX_BODY_BYTES"]
-
 if not DEBUG:
     SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", True)
+    SECURE_REDIRECT_EXEMPT = envlist("SECURE_REDIRECT_EXEMPT")
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 3600)

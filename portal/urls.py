@@ -1,4 +1,5 @@
-"""URL map: the browser pages (portal.front), the REST API (portal.api, portal.ml), the admin."""
+"""URL map: the browser pages (portal.front), the REST API (portal.api, portal.ml), the admin,
+and the node agents' endpoints (portal.core.agent_views)."""
 
 from typing import Any
 
@@ -7,8 +8,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
 from django.views import defaults
 
+from portal.core import agent_views
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("agent/v1/sync", agent_views.sync, name="agent-sync"),
+    path("agent/v1/results", agent_views.results, name="agent-results"),
     path("api/", include("portal.ml.urls")),
     path("api/", include("portal.api.urls")),
     path("", include("portal.front.urls")),

@@ -1,111 +1,108 @@
-"""The node agent: runs the jobs the scheduler placed on one node (DESIGN.md, Node agent).
+"""The node agent: runs the attempts the portal wants on one node (DESIGN.md, Node agent;
+docs/reliability.md).
 
-One ``NodeAgent`` per node. ``manage.py node_agent`` runs one behind a Celery worker on the
-node's queue (``node.<name>``) plus a sampler thread; the embedded default runs several in one
-process and finds them with ``local_agent(name)``.
+    python -m workers.agent --name gpu-1 --portal https://cosched.example.org \\
+        --token-file /etc/cosched/gpu-1.token --backend nvml [--nudge-url redis://host:6379/0]
 
-- ``register``: upsert the node and its GPUs (``portal.core.nodes.node_register``). Jobs the
-  database says run here but this agent does not follow (it restarted) are requeued, and their
-  leftover processes, found by their ``COSCHED_NODE`` / ``COSCHED_JOB_ID`` environment, killed.
-- ``launch``: the job's command as a real process (``workers.launcher.JobProcess``, a shell
-  command in its own process group, cwd ``<data>/work/job-<id>``) with the environment its
-  active placement implies (``build_env``: ``CUDA_VISIBLE_DEVICES``, MPS directories and
-  percentage, MIG instance UUID), the profile as ``COSCHED_PROFILE_JSON``; stdout and stderr go
-  to ``<data>/logs/job-<id>.log``. SCHEDULED -> RUNNING, actor ``node:<name>``. On the
-  ``virtual`` backend the job is attached to its virtual GPUs, whose utilisation and memory then
-  follow its profile, its progress and its co-runners.
-- ``control``: ``pause`` (SIGSTOP; RUNNING -> PAUSED unless the scheduler already wrote it),
-  ``resume`` (SIGCONT; PAUSED -> RUNNING likewise), ``kill`` (the job was cancelled or requeued:
-  the process group goes, the row is left as it is).
-- ``tick`` (every few seconds, from the sampler thread): reap ended processes (exit status ->
-  COMPLETED / FAILED with ``exit_code`` and ``failure_reason``, unless the row has left
-  RUNNING / PAUSED, e.g. CANCELLED), follow ``@cosched`` progress reports, record metrics
-  (per GPU: ``util_pct``, ``memory_used_mb``, ``memory_total_mb``; per job: ``progress`` and the
-  live Slow-Down of ALGORITHMS.md §5), push log tails, send the heartbeat; after a job ends,
-  ``workers.triggers.on_job_finished``.
+It speaks only ``workers.protocol`` (no Django, no database credentials). One loop:
 
-Thread safety: Celery's thread pool calls ``launch`` / ``control`` while the sampler calls
-``tick``; one re-entrant lock serialises them. Triggers are called outside the lock.
+1. **collect**: runners that ended have written ``result.json``; those become results in the
+   agent's outbox (they stay on disk until the portal acknowledges them);
+2. **sync** (``Transport.sync``): report the attempts it runs, the results, the attempts it was
+   told run here but does not know, metric samples and log tails; the reply renews the lease
+   (written to the lease file its runners read) and lists the desired attempts;
+3. **reconcile**: start every desired attempt it may launch and does not run (each under a
+   ``workers.runner`` process in its own session, the job's parent), stop every attempt it runs
+   that is not desired any more (cancelled, requeued, superseded), SIGSTOP / SIGCONT the ones
+   whose pause flag changed. After a launch it syncs again at once, so the job is RUNNING in the
+   database a few milliseconds after the process started.
+
+It loops every ``--interval`` seconds (default: the portal's ``COSCHED_SYNC_INTERVAL_S``), at
+once when the portal nudges it (Redis pub/sub, ``--nudge-url``; optional: without nudges it is
+only slower) and when a runner says its job ended (a byte into ``wake.fifo``). Metric samples
+are taken every ``--sample-every`` seconds in between and ride on the next periodic sync.
+
+A runner whose result the agent does not collect in time (the agent frozen or dead) reports it
+to the portal itself with the node's token file (``workers.runner``), so a job that finished
+meanwhile is not run again when the node's lease runs out.
+
+**Local state** (``<data>/agent/<node>/``, mode 0700, locked by the one agent using it):
+``lease.json``, ``seq.json`` (the order of its requests), ``wake.fifo`` and one directory per
+attempt (``attempts/<job>-<attempt>/``, see ``workers.runner``). On start the agent re-adopts
+the runners still alive, turns the finished ones into results, kills the job processes of a
+runner that died without a result, and kills every other process carrying its marker
+(``COSCHED_AGENT_ID``). The next sync reports all that; the portal replies which attempts are
+still desired, and the others are stopped.
+
+**Lease**: a reply's lease counts from when the request was *sent*; the runners stop their jobs
+when it runs out (agent dead, frozen, or cut off from the portal). Stopping the agent (SIGTERM)
+leaves the jobs running: an upgrade must not kill hours of training; a new agent adopts them.
+
+The embedded default (``manage.py run_embedded``) runs ``NodeAgent`` objects in-process with
+``portal.core.agent_sync.InProcessTransport``: the same messages, no HTTP.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import fcntl
+import hashlib
+import http.client
 import logging
 import os
+import select
+import shutil
 import signal
+import socket
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scheduler.catalog import UnknownGpuModel, gpu_spec
 from scheduler.domain import JobKind, Placement, Profile, SharingMode
+from workers import runner as runner_files
 from workers.gpu.base import DeviceInfo, GpuBackend, GpuBackendError
-from workers.launcher import JobProcess, LaunchError, build_env, exit_to_state, new_reports, tail
-from workers.profiles import profiles_document
+from workers.launcher import LaunchError, build_env, new_reports, tail
+from workers.profiles import ProfileFormatError, profile_from_json, profiles_document
+from workers.protocol import (
+    AUTH_SCHEME,
+    OUTCOMES,
+    PROTOCOL_VERSION,
+    RESULTS_PATH,
+    SYNC_PATH,
+    AttemptKey,
+    AttemptResult,
+    AttemptSpec,
+    LogTail,
+    NodeInfo,
+    ProtocolError,
+    RunningAttempt,
+    Sample,
+    SyncReply,
+    SyncRequest,
+    Transport,
+    TransportError,
+    nudge_channel,
+)
 from workers.slowdown import live_slowdown
-
-if TYPE_CHECKING:
-    from portal.core.models import Job, Node
-    from portal.core.models import Placement as PlacementRow
 
 log = logging.getLogger(__name__)
 
-LOG_TAIL_BYTES = 16 * 1024  # what the agent pushes for the job page's live log
-KILL_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this many seconds
-
-
-@dataclass
-class _Run:
-    """One job process this agent follows."""
-
-    job_id: int
-    placement_id: int
-    process: JobProcess
-    placement: Placement
-    gpu_model: str | None
-    profile: Profile | None
-    attached: bool  # to the virtual backend
-    log_offset: int  # bytes of the log already read for reports
-    started_s: float  # epoch seconds
-    killed: bool = False  # kill() was asked: the row's state is someone else's business
-    progress: float | None = None
-    iters_done: int | None = None
-    iters_total: int | None = None
-    iter_time_s: float | None = None
-    active_s: float | None = None
-    run_s: float | None = None  # the emulator's own solo run time (scaled), when it says
-    mig_uuid: str | None = None
-
-    def solo_time_s(self) -> float | None:
-        """Solo run time (s) for ALGORITHMS.md §5: what the job says it needs alone (the
-        emulator's ``run_s``), else the profile's time on this GPU model (or CPU time)."""
-        if self.run_s:
-            return float(self.run_s)
-        if self.profile is None:
-            return None
-        if self.placement.gpu_indices:
-            return self.profile.gpu_time_s.get(self.gpu_model or "")
-        return self.profile.cpu_time_s
-
-
-def _data_dir() -> Path:
-    from django.conf import settings
-
-    for name in ("COSCHED_DATA_DIR", "DATA_DIR"):
-        value = getattr(settings, name, None)
-        if value:
-            return Path(value)
-    return Path(settings.BASE_DIR) / "var"
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
+LOG_TAIL_BYTES = 16 * 1024  # what the agent sends for the job page's live log
+KILL_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this many seconds (cancel, requeue)
+MAX_BUFFERED_SAMPLES = 20_000  # kept while the portal cannot be reached (oldest dropped)
+FOLLOW_UP_SYNCS = 4  # at most this many syncs in one step (after launches and stops)
+MARKER_ENV = "COSCHED_AGENT_ID"  # in every runner's and job's environment
+ATTEMPT_DIR_ENV = "COSCHED_ATTEMPT_DIR"  # in every runner's environment
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def device_row(device: DeviceInfo) -> dict[str, Any]:
@@ -133,256 +130,581 @@ def device_row(device: DeviceInfo) -> dict[str, Any]:
     return row
 
 
+@dataclass
+class _Attempt:
+    """One attempt this agent started (or adopted): its directory, processes and what it
+    reports."""
+
+    spec: AttemptSpec
+    dir: Path
+    log_path: Path
+    started_at: float  # epoch s, when the runner was started
+    log_offset: int = 0  # bytes of the log already read for reports
+    runner: subprocess.Popen[bytes] | None = None  # when this process started the runner
+    runner_pid: int | None = None
+    runner_ticks: int | None = None
+    job_pid: int | None = None
+    job_ticks: int | None = None
+    paused: bool = False  # what was applied (SIGSTOP) to the job's group
+    stopping: bool = False
+    result: AttemptResult | None = None  # set once the runner recorded how it ended
+    attached: bool = False  # to the virtual backend
+    profile: Profile | None = None
+    mig_uuid: str | None = None
+    tail_size: int = -1  # log size when its tail was last sent
+    progress: float | None = None
+    iters_done: int | None = None
+    iters_total: int | None = None
+    iter_time_s: float | None = None
+    active_s: float | None = None
+    run_s: float | None = None  # the emulator's own solo run time (scaled), when it says
+    pidfd: int | None = field(default=None, repr=False)
+
+    @property
+    def key(self) -> AttemptKey:
+        return self.spec.key
+
+    @property
+    def job_id(self) -> int:
+        return self.spec.job_id
+
+    def solo_time_s(self) -> float | None:
+        """Solo run time (s) for ALGORITHMS.md §5: what the job says it needs alone (the
+        emulator's ``run_s``), else the profile's time on this GPU model (or CPU time)."""
+        if self.run_s:
+            return float(self.run_s)
+        if self.profile is None:
+            return None
+        if self.spec.part.gpu_indices:
+            return self.profile.gpu_time_s.get(self.spec.gpu_model or "")
+        return self.profile.cpu_time_s
+
+
 class NodeAgent:
-    """The agent of node ``name``; see the module docstring."""
+    """The agent of node ``name``; see the module docstring. Thread safety: ``step`` and
+    ``shutdown`` take one lock; ``nudge`` may be called from any thread."""
 
     def __init__(
         self,
         name: str,
         backend: GpuBackend | None,
+        transport: Transport,
         *,
         kind: str = "gpu",
         cores: int = 8,
         memory_mb: int = 32768,
-        log_dir: Path | None = None,
         backend_name: str = "virtual",
+        data_dir: Path | None = None,
+        log_dir: Path | None = None,
         work_dir: Path | None = None,
+        state_dir: Path | None = None,
         mps_pipe_dir: Path | None = None,
         mps_log_dir: Path | None = None,
+        address: str | None = None,
+        sample_every_s: float = 2.0,
     ) -> None:
         """``backend`` None: a node without GPUs (``kind`` "cpu"). Directories default to
-        ``<data>/logs``, ``<data>/work``; MPS directories to the agent's own
-        ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY`` (NVIDIA's defaults without
-        them) on ``nvml``, and to ``<data>/mps/<name>/...`` on ``virtual`` (no daemon)."""
+        ``<data>/logs``, ``<data>/work`` and ``<data>/agent/<name>`` (``data_dir``: the
+        parent of ``log_dir`` when given, else ``$COSCHED_DATA_DIR``, else ``./var``). MPS
+        directories: the agent's own ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``
+        (NVIDIA's defaults without them) on ``nvml``, ``<data>/mps/<name>/...`` on ``virtual``."""
         self.name = name
         self.backend = backend
+        self.transport = transport
         self.kind = kind
         self.cores = cores
         self.memory_mb = memory_mb
         self.backend_name = backend_name
-        base = Path(log_dir).parent if log_dir is not None else _data_dir()
-        self.log_dir = Path(log_dir) if log_dir is not None else base / "logs"
-        self.work_dir = Path(work_dir) if work_dir is not None else base / "work"
+        if data_dir is None:
+            if log_dir is not None:
+                data_dir = Path(log_dir).parent
+            else:
+                data_dir = Path(os.environ.get("COSCHED_DATA_DIR") or "var")
+        data_dir = Path(data_dir).absolute()
+        self.log_dir = Path(log_dir) if log_dir is not None else data_dir / "logs"
+        self.work_dir = Path(work_dir) if work_dir is not None else data_dir / "work"
+        self.state_dir = Path(state_dir) if state_dir is not None else data_dir / "agent" / name
+        self.attempts_dir = self.state_dir / "attempts"
+        self.lease_file = self.state_dir / "lease.json"
+        self.seq_file = self.state_dir / "seq.json"
+        self.wake_fifo = self.state_dir / "wake.fifo"  # runners write a byte when a job ends
         if backend_name == "nvml":
             default_pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
             default_log = os.environ.get("CUDA_MPS_LOG_DIRECTORY", "/var/log/nvidia-mps")
         else:
-            default_pipe = str(self.log_dir.parent / "mps" / name / "pipe")
-            default_log = str(self.log_dir.parent / "mps" / name / "log")
+            default_pipe = str(data_dir / "mps" / name / "pipe")
+            default_log = str(data_dir / "mps" / name / "log")
         self.mps_pipe_dir = Path(mps_pipe_dir or default_pipe)
         self.mps_log_dir = Path(mps_log_dir or default_log)
-        self.actor = f"node:{name}"
+        self.address = address if address is not None else socket.getfqdn()
+        self.sample_every_s = sample_every_s
+        # Marks every runner and job of this agent (its state directory, hashed), so a
+        # restarted agent finds its own leftovers and nobody else's.
+        self.marker = marker_for(self.state_dir)
+        self.instance = uuid.uuid4().hex[:16]
+        self.sync_interval_s = 1.0
+        self.lease_deadline: float | None = None  # runner.lease_clock() s
+        self.last_sync_ok: float | None = None  # monotonic s
         self._lock = threading.RLock()
-        self._runs: dict[int, _Run] = {}
-        self._node_id: int | None = None
-        self._gpu_ids: dict[int, int] = {}  # GPU index -> Gpu pk
+        self._attempts: dict[AttemptKey, _Attempt] = {}
+        self._seq = 0
+        self._lock_fd: int | None = None
+        self._samples: list[Sample] = []
+        self._last_full = -float("inf")  # monotonic s of the last sync that carried samples
+        self._last_sample = -float("inf")
+        self._send_info = True
+        self._started = False
+        self._failures = 0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._fifo_r: int | None = None
+        self._fifo_w: int | None = None
 
-    # --- registration ---------------------------------------------------------------------------
+    # --- start: local state -----------------------------------------------------------------------
 
-    def register(self) -> Node:
-        """Upsert the node and its GPUs (status UP, heartbeat now); requeue jobs this agent
-        should run but does not follow (see the module docstring)."""
-        from portal.core.nodes import node_register
-
-        devices = self.backend.devices() if self.backend is not None else []
+    def start(self) -> None:
+        """Read the local state: adopt live runners, collect finished ones, kill leftovers.
+        Idempotent; ``step`` calls it when it was not called."""
         with self._lock:
-            node = node_register(
-                self.name,
-                kind=self.kind,
-                cores=self.cores,
-                memory_mb=self.memory_mb,
-                backend=self.backend_name,
-                gpus=[device_row(d) for d in devices],
-            )
-            self._load_ids()
-            self._adopt_orphans()
-        return node
-
-    def _load_ids(self) -> None:
-        from portal.core.models import Gpu, Node
-
-        self._node_id = Node.objects.filter(name=self.name).values_list("pk", flat=True).first()
-        self._gpu_ids = dict(Gpu.objects.filter(node__name=self.name).values_list("index", "pk"))
-
-    def _adopt_orphans(self) -> None:
-        """Requeue RUNNING / PAUSED jobs placed here that no process of ours runs."""
-        from portal.core.models import Job
-        from portal.core.services import job_transition
-        from portal.core.states import IllegalTransition, JobState
-
-        orphans = Job.objects.filter(
-            placements__node__name=self.name,
-            placements__active=True,
-            state__in=[JobState.RUNNING, JobState.PAUSED],
-        ).exclude(pk__in=list(self._runs))
-        for job in orphans.distinct():
-            killed = kill_leftovers(self.name, job.pk)
-            message = f"node agent on {self.name} restarted; the job's process is not followed"
-            if killed:
-                message += f" (killed leftover process {', '.join(map(str, killed))})"
-            try:
-                job_transition(
-                    job, JobState.PENDING, actor=self.actor, message=message, expected=job.state
-                )
-            except IllegalTransition:
-                continue
-
-    # --- launch ---------------------------------------------------------------------------------
-
-    def launch(self, job_id: int) -> None:
-        """Start job ``job_id`` (SCHEDULED, with an active placement on this node).
-
-        Idempotent: a second call for the same placement does nothing; a call for a job in
-        another state or placed elsewhere is logged and ignored. A command that cannot start
-        fails the job (SCHEDULED -> FAILED with the reason)."""
-        from portal.core.models import Job
-        from portal.core.states import JobState
-
-        ended = False
-        with self._lock:
-            job = Job.objects.select_related("profile").filter(pk=job_id).first()
-            if job is None:
-                log.warning("%s: launch of unknown job %s ignored", self.name, job_id)
+            if self._started:
                 return
-            row = (
-                job.placements.filter(active=True)
-                .select_related("node")
-                .prefetch_related("gpus")
-                .order_by("-id")
-                .first()
-            )
-            current = self._runs.get(job_id)
-            if current is not None:
-                if row is not None and current.placement_id == row.pk:
-                    return  # duplicate delivery
-                self._kill_run(current)  # a leftover of an earlier attempt
-            if job.state != JobState.SCHEDULED:
-                log.info(
-                    "%s: job %s is %s, not SCHEDULED; launch ignored", self.name, job_id, job.state
-                )
-                return
-            if row is None or row.node.name != self.name:
-                where = "nowhere" if row is None else row.node.name
-                log.warning("%s: job %s is placed on %s; launch ignored", self.name, job_id, where)
-                return
-            try:
-                self._start(job, row)
-            except (LaunchError, GpuBackendError, OSError) as exc:
-                ended = self._fail_launch(job, f"launch failed on {self.name}: {exc}")
-        if ended:
-            _job_finished(job_id)
-
-    def _start(self, job: Job, row: PlacementRow) -> None:
-        from portal.core.adapters import profile_to_domain
-        from portal.core.services import job_transition
-        from portal.core.states import IllegalTransition, JobState
-
-        gpus = sorted(row.gpus.all(), key=lambda g: g.index)
-        placement = Placement(
-            job_id=str(job.pk),
-            node=self.name,
-            gpu_indices=tuple(g.index for g in gpus),
-            mode=SharingMode(row.sharing_mode) if gpus else SharingMode.EXCLUSIVE,
-            mps_percentage=row.mps_percentage,
-            mig_profile=row.mig_profile or None,
-            cpus=row.cpus,
-        )
-        profile = profile_to_domain(job.profile) if job.profile is not None else None
-        gpu_model = gpus[0].model if gpus else None
-
-        attached = False
-        mig_uuid = None
-        if gpus and self._virtual() is not None:
-            vjob = self._virtual().attach(  # type: ignore[union-attr]
-                str(job.pk),
-                list(placement.gpu_indices),
-                profile or _bare_profile(job),
-                placement.mode,
-                mps_percentage=placement.mps_percentage,
-                mig_profile=placement.mig_profile,
-                job_type=(job.params or {}).get("job_type"),
-            )
-            attached = True
-            mig_uuid = vjob.mig_uuid
-        elif gpus and placement.mode is SharingMode.MIG:
-            mig_uuid = self._free_mig_uuid(placement)
-        try:
-            env = build_env(
-                placement,
-                self._base_env(),
-                mig_uuid=mig_uuid,
-                gpu_model=gpu_model,
-                mps_pipe_dir=self.mps_pipe_dir if placement.mode is SharingMode.MPS else None,
-                mps_log_dir=self.mps_log_dir if placement.mode is SharingMode.MPS else None,
-                profile_json=profiles_document([profile]) if profile is not None else None,
-            )
-            if not job.command.strip():
-                raise LaunchError("the job has no command (container jobs are not run here yet)")
-            log_path = self.log_path(job.pk)
-            workdir = self.work_dir / f"job-{job.pk}"
-            workdir.mkdir(parents=True, exist_ok=True)
-            offset = _write_header(log_path, job, placement, row.pk)
-            process = JobProcess.start(job.command, env, log_path, cwd=workdir)
-        except BaseException:
-            if attached:
-                self._virtual().detach(str(job.pk))  # type: ignore[union-attr]
-            raise
-        run = _Run(
-            job_id=job.pk,
-            placement_id=row.pk,
-            process=process,
-            placement=placement,
-            gpu_model=gpu_model,
-            profile=profile,
-            attached=attached,
-            log_offset=offset,
-            started_s=process.started_at,
-            mig_uuid=mig_uuid,
-        )
-        if attached:
-            self._virtual().set_pid(str(job.pk), process.pid)  # type: ignore[union-attr]
-        self._runs[job.pk] = run
-        where = _describe(placement)
-        try:
-            job_transition(
-                job,
-                JobState.RUNNING,
-                actor=self.actor,
-                message=f"started on {where} (pid {process.pid})",
-                expected=JobState.SCHEDULED,
-            )
-        except IllegalTransition:
-            # Cancelled (or requeued) between our read and now: the process must not run.
-            log.info("%s: job %s left SCHEDULED while starting; killed", self.name, job.pk)
-            self._kill_run(run)
-
-    def _fail_launch(self, job: Job, reason: str) -> bool:
-        from portal.core.services import job_transition
-        from portal.core.states import IllegalTransition, JobState
-
-        log.warning("%s: job %s: %s", self.name, job.pk, reason)
-        with contextlib.suppress(OSError):
+            self._started = True
+            for path in (self.state_dir, self.attempts_dir):
+                path.mkdir(parents=True, exist_ok=True)
+                os.chmod(path, 0o700)
+            self._take_lock()
+            self._open_fifo()
             self.log_dir.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(OSError), open(self.log_path(job.pk), "a") as f:
-            f.write(f"[cosched] {reason}\n")
+            stored = runner_files.read_json(self.seq_file) or {}
+            self._seq = max(int(stored.get("seq", 0)), int(time.time() * 1000))
+            for entry in sorted(self.attempts_dir.iterdir()):
+                if entry.is_dir() and not entry.name.startswith("."):
+                    self._adopt(entry)
+                elif entry.name.startswith("."):
+                    shutil.rmtree(entry, ignore_errors=True)  # a launch interrupted mid-write
+            keep = set()
+            for a in self._attempts.values():
+                keep.update(p for p in (a.runner_pid, a.job_pid) if p)
+            killed = kill_marked_processes(self.marker, keep_groups=keep)
+            if killed:
+                log.warning("%s: killed leftover process groups %s", self.name, killed)
+            adopted = [str(k) for k, a in self._attempts.items() if a.result is None]
+            if adopted:
+                log.info("%s: adopted running attempts %s", self.name, ", ".join(adopted))
+
+    def _take_lock(self) -> None:
+        """One agent per state directory: a second one (the first frozen, say) must not run
+        the same node's attempts. Raises ``AgentLocked``."""
+        fd = os.open(self.state_dir / "agent.lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            job_transition(
-                job,
-                JobState.FAILED,
-                actor=self.actor,
-                message=reason,
-                expected=JobState.SCHEDULED,
-                failure_reason=reason,
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            self._started = False
+            raise AgentLocked(
+                f"another agent process holds {self.state_dir} (node {self.name}); stop it first"
+            ) from None
+        self._lock_fd = fd
+
+    def _open_fifo(self) -> None:
+        with contextlib.suppress(FileExistsError):
+            os.mkfifo(self.wake_fifo, 0o600)
+        self._fifo_r = os.open(self.wake_fifo, os.O_RDONLY | os.O_NONBLOCK)
+        # Our own writer keeps the FIFO from reading as closed when no runner has it open.
+        self._fifo_w = os.open(self.wake_fifo, os.O_WRONLY | os.O_NONBLOCK)
+
+    def _adopt(self, directory: Path) -> None:
+        """Take over one attempt directory left by an earlier agent process."""
+        data = runner_files.read_json(directory / runner_files.SPEC)
+        try:
+            spec = AttemptSpec.read((data or {}).get("attempt"), "spec")
+        except ProtocolError:
+            log.warning("%s: unreadable attempt directory %s removed", self.name, directory)
+            shutil.rmtree(directory, ignore_errors=True)
+            return
+        assert data is not None
+        a = _Attempt(
+            spec=spec,
+            dir=directory,
+            log_path=Path(data["log"]),
+            started_at=float(data.get("created_at", time.time())),
+            log_offset=int(data.get("log_offset", 0)),
+        )
+        runner = runner_files.read_json(directory / runner_files.RUNNER) or {}
+        a.runner_pid, a.runner_ticks = runner.get("pid"), runner.get("start_ticks")
+        self._read_job(a)
+        if a.job_pid and _proc_state(a.job_pid) == "T":
+            a.paused = True
+        self._attempts[spec.key] = a
+        if not self._collect_one(a):
+            self._attach(a)
+            self._open_pidfd(a)
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def nudge(self) -> None:
+        """Make the running loop sync now (from any thread)."""
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"!")
+
+    def run(self, stop: threading.Event, interval_s: float | None = None) -> None:
+        """Step until ``stop`` is set: every ``interval_s`` (default: the portal's
+        ``sync_interval_s``), when nudged, when a runner ends. An error is logged and the next
+        round tries again."""
+        self.start()
+        woken = False
+        while not stop.is_set():
+            try:
+                self.step(urgent=woken)
+            except Exception:  # the loop must outlive any one bad round
+                log.exception("%s: sync round failed", self.name)
+            woken = self.wait(interval_s or self.sync_interval_s, stop)
+
+    def wait(self, timeout: float, stop: threading.Event) -> bool:
+        """Wait up to ``timeout`` s, taking metric samples when they are due (they go with the
+        next sync); True when woken early (a nudge, a runner that ended)."""
+        deadline = time.monotonic() + timeout
+        while not stop.is_set():
+            now = time.monotonic()
+            left = deadline - now
+            if left <= 0:
+                return False
+            if self.sample_every_s > 0:  # else: samples at every step only
+                sample_in = self._last_sample + self.sample_every_s - now
+                if sample_in <= 0:
+                    with self._lock:
+                        self._collect()  # progress from the logs, for the samples
+                        self._sample_if_due()
+                    continue
+                left = min(left, sample_in)
+            with self._lock:
+                fds = [self._wake_r] + [
+                    a.pidfd for a in self._attempts.values() if a.pidfd is not None
+                ]
+                if self._fifo_r is not None:
+                    fds.append(self._fifo_r)
+            try:
+                ready, _, _ = select.select(fds, [], [], min(left, 0.5))
+            except (OSError, ValueError):  # a pidfd closed meanwhile
+                time.sleep(0.05)
+                continue
+            if ready:
+                for fd in (self._wake_r, self._fifo_r):
+                    if fd is not None and fd in ready:
+                        with contextlib.suppress(BlockingIOError, OSError):
+                            os.read(fd, 4096)
+                return True
+        return False
+
+    def step(self, urgent: bool = False) -> bool:
+        """One round: collect, sync, reconcile (and sync again after launches and stops).
+        ``urgent`` (nudged, a runner ended): metric samples and log tails wait for the next
+        periodic sync, so the exchange that starts or ends a job stays small. Returns True when
+        the portal answered."""
+        self.start()
+        with self._lock:
+            answered = False
+            for _ in range(FOLLOW_UP_SYNCS):
+                self._collect()
+                self._sample_if_due()
+                reply = self._sync(urgent)
+                if reply is None:
+                    return answered
+                answered = True
+                urgent = True  # follow-ups carry what changed, nothing else
+                if not reply.applied:
+                    continue  # sync again with the info or the sequence number it asked for
+                if not self._reconcile(reply):
+                    break
+            return answered
+
+    # --- sync -------------------------------------------------------------------------------------
+
+    def _request(self, urgent: bool = False) -> SyncRequest:
+        # Samples and tails ride on periodic syncs; an urgent one skips them unless the last
+        # periodic one is overdue (a stream of nudges must not starve the metrics).
+        light = urgent and time.monotonic() - self._last_full < 2 * self.sync_interval_s
+        running = []
+        results = []
+        tails = []
+        for a in sorted(self._attempts.values(), key=lambda a: a.key):
+            if a.result is not None:
+                results.append(a.result)
+                continue
+            if a.stopping:
+                state = "stopping"
+            elif a.job_pid is None:
+                state = "starting"
+            else:
+                state = "paused" if a.paused else "running"
+            running.append(RunningAttempt(a.job_id, a.spec.attempt, state, a.started_at, a.job_pid))
+            size = _size(a.log_path)
+            if size != a.tail_size and not light and a.spec.node_rank == 0:
+                tails.append(LogTail(a.job_id, a.spec.attempt, tail(a.log_path, LOG_TAIL_BYTES)))
+        self._seq = max(self._seq + 1, int(time.time() * 1000))
+        with contextlib.suppress(OSError):
+            runner_files.write_json(self.seq_file, {"seq": self._seq})
+        return SyncRequest(
+            node=self.name,
+            instance=self.instance,
+            seq=self._seq,
+            sent_at=time.time(),
+            info=self.info() if self._send_info else None,
+            running=tuple(running),
+            results=tuple(results),
+            samples=() if light else tuple(self._samples),
+            log_tails=tuple(tails),
+        )
+
+    def info(self) -> NodeInfo:
+        devices = self.backend.devices() if self.backend is not None else []
+        return NodeInfo(
+            kind=self.kind,
+            cores=self.cores,
+            memory_mb=self.memory_mb,
+            backend=self.backend_name,
+            gpus=tuple(device_row(d) for d in devices),
+            address=self.address,
+        )
+
+    def _sync(self, urgent: bool = False) -> SyncReply | None:
+        request = self._request(urgent)
+        sent = runner_files.lease_clock()
+        try:
+            reply = self.transport.sync(request)
+        except TransportError as exc:
+            self._failures += 1
+            if self._failures == 1 or self._failures % 30 == 0:
+                log.warning("%s: sync failed (%d in a row): %s", self.name, self._failures, exc)
+            return None
+        if self._failures:
+            log.info("%s: sync works again after %d failures", self.name, self._failures)
+        self._failures = 0
+        self.last_sync_ok = time.monotonic()
+        if reply.resync_from is not None:
+            log.warning(
+                "%s: the portal applied newer requests; numbering from %d",
+                self.name,
+                reply.resync_from,
             )
-        except IllegalTransition:
-            return False
-        self._push_tail(job.pk)
-        return True
+            self._seq = max(self._seq, reply.resync_from - 1)
+            return reply
+        if reply.send_info:
+            self._send_info = True
+            return reply
+        self.sync_interval_s = reply.sync_interval_s
+        self.lease_deadline = sent + reply.lease_s
+        self._write_lease(self.lease_deadline, reply.lease_kill_grace_s)
+        if request.info is not None:
+            self._send_info = False
+        # What the portal has now: samples, tails, results it acknowledged.
+        if request.samples or not self._samples:
+            self._last_full = time.monotonic()
+        del self._samples[: len(request.samples)]
+        sent_tails = {(t.job_id, t.attempt) for t in request.log_tails}
+        for a in self._attempts.values():
+            if (a.job_id, a.spec.attempt) in sent_tails:
+                a.tail_size = _size(a.log_path)
+        for key in reply.acked:
+            a = self._attempts.get(key)
+            if a is not None and a.result is not None:
+                self._forget(a)
+        return reply
+
+    def _write_lease(self, deadline: float, grace_s: float) -> None:
+        runner_files.write_json(
+            self.lease_file,
+            {
+                "deadline": deadline,
+                "kill_grace_s": grace_s,
+                "node": self.name,
+                "written_at": time.time(),
+            },
+        )
+
+    # --- reconcile --------------------------------------------------------------------------------
+
+    def _reconcile(self, reply: SyncReply) -> bool:
+        """Make the node match ``reply.desired``; True when something changed that the portal
+        should hear about at once (a launch, a stop)."""
+        changed = False
+        desired = {spec.key: spec for spec in reply.desired}
+        for key, spec in desired.items():
+            a = self._attempts.get(key)
+            if a is None:
+                # Not ours (never started here, or its acknowledged result was forgotten and
+                # then it is not desired): start it if it may be started. One that started
+                # and is not here any more, the portal settles (it sees it missing).
+                if spec.launch:
+                    self._launch(spec)
+                    changed = True
+            elif a.result is None and not a.stopping and spec.paused != a.paused:
+                self._set_paused(a, spec.paused)
+        for key, a in list(self._attempts.items()):
+            if key not in desired and a.result is None and not a.stopping:
+                self._stop(
+                    a,
+                    "killed",
+                    f"attempt {key.attempt} of job {key.job_id} is no longer assigned to "
+                    f"{self.name} (cancelled, requeued or superseded)",
+                )
+                changed = True
+        return changed
+
+    # --- launch -----------------------------------------------------------------------------------
+
+    def _launch(self, spec: AttemptSpec) -> None:
+        """Start one attempt under a runner; a launch that cannot start becomes a
+        ``launch_failed`` result (reported at the next sync)."""
+        key = spec.key
+        final = self.attempts_dir / f"{spec.job_id}-{spec.attempt}"
+        tmp = self.attempts_dir / f".{spec.job_id}-{spec.attempt}.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(mode=0o700, parents=True)
+        log_path = self.log_path(spec.job_id, spec.node_rank)
+        a = _Attempt(spec=spec, dir=final, log_path=log_path, started_at=time.time())
+        try:
+            if final.exists():
+                raise LaunchError(f"attempt directory {final} exists already")
+            a.profile = _profile_of(spec)
+            self._attach(a)
+            env = self._job_env(a)
+            if not spec.command.strip():
+                raise LaunchError("the job has no command (container jobs are not run here yet)")
+            workdir = self.work_dir / f"job-{spec.job_id}"
+            a.log_offset = _write_header(log_path, spec, self.name)
+            runner_files.write_json(
+                tmp / runner_files.SPEC,
+                {
+                    "attempt": spec.to_dict(),
+                    "argv": ["/bin/sh", "-c", spec.command],
+                    "env": env,
+                    "cwd": str(workdir),
+                    "log": str(log_path),
+                    "log_offset": a.log_offset,
+                    "lease_file": str(self.lease_file),
+                    "lease_deadline": self.lease_deadline or 0.0,
+                    "created_at": a.started_at,
+                    "wake_fifo": str(self.wake_fifo),
+                    "report": self._report_target(spec),
+                    # The agent normally collects a result within milliseconds; later than
+                    # this, the runner tells the portal itself (well inside the lease margin).
+                    "report_after_s": max(2 * self.sync_interval_s, 1.0),
+                },
+            )
+            os.replace(tmp, final)
+        except (LaunchError, GpuBackendError, ProfileFormatError, OSError) as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self._detach(a)
+            reason = f"launch failed on {self.name}: {exc}"
+            log.warning("%s: job %s: %s", self.name, spec.job_id, reason)
+            with contextlib.suppress(OSError), open(log_path, "a", encoding="utf-8") as f:
+                f.write(f"[cosched] {reason}\n")
+            # Kept on disk like any result, so it is reported even across a restart.
+            final.mkdir(mode=0o700, parents=True, exist_ok=True)
+            runner_files.write_json(
+                final / runner_files.SPEC,
+                {"attempt": spec.to_dict(), "log": str(log_path), "created_at": a.started_at},
+            )
+            runner_files.write_json(
+                final / runner_files.RESULT,
+                {"outcome": "launch_failed", "exit_code": None, "detail": reason,
+                 "started_at": None, "ended_at": time.time()},
+                sync=True,
+            )  # fmt: skip
+            self._attempts[key] = a
+            self._collect_one(a)
+            return
+        env_runner = {k: v for k, v in env.items() if not k.startswith("CUDA_")}
+        env_runner.update(
+            {
+                MARKER_ENV: self.marker,
+                ATTEMPT_DIR_ENV: str(final),
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+                ),
+            }
+        )
+        try:
+            with open(final / "runner.log", "ab") as runner_log:
+                a.runner = subprocess.Popen(
+                    [sys.executable, "-S", "-m", "workers.runner", str(final)],
+                    cwd=final,
+                    env=env_runner,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=runner_log,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as exc:
+            runner_files.write_json(
+                final / runner_files.RESULT,
+                {"outcome": "launch_failed", "exit_code": None,
+                 "detail": f"launch failed on {self.name}: cannot start the runner: {exc}",
+                 "started_at": None, "ended_at": time.time()},
+                sync=True,
+            )  # fmt: skip
+            self._attempts[key] = a
+            self._collect_one(a)
+            return
+        a.runner_pid = a.runner.pid
+        a.runner_ticks = runner_files.start_ticks(a.runner.pid)
+        runner_files.write_json(
+            final / runner_files.RUNNER, {"pid": a.runner_pid, "start_ticks": a.runner_ticks}
+        )
+        self._attempts[key] = a
+        self._open_pidfd(a)
+        log.info("%s: started attempt %s (runner pid %s)", self.name, key, a.runner_pid)
+
+    def _report_target(self, spec: AttemptSpec) -> dict[str, Any] | None:
+        """Where the attempt's runner may report its result itself (HTTP only)."""
+        target = getattr(self.transport, "report_target", None)
+        if target is None:
+            return None
+        base = target()
+        if base is None:
+            return None
+        return {**base, "node": self.name, "job_id": spec.job_id, "attempt": spec.attempt}
+
+    def _job_env(self, a: _Attempt) -> dict[str, str]:
+        spec = a.spec
+        part = spec.part
+        placement = Placement(
+            job_id=str(spec.job_id),
+            node=self.name,
+            gpu_indices=part.gpu_indices,
+            mode=SharingMode(spec.mode) if part.gpu_indices else SharingMode.EXCLUSIVE,
+            mps_percentage=spec.mps_percentage,
+            mig_profile=spec.mig_profile,
+            cpus=part.cpus,
+        )
+        mig_uuid = a.mig_uuid
+        if part.gpu_indices and placement.mode is SharingMode.MIG and mig_uuid is None:
+            mig_uuid = a.mig_uuid = self._free_mig_uuid(placement)
+        mps = placement.mode is SharingMode.MPS
+        extra = {
+            "COSCHED_ATTEMPT": str(spec.attempt),
+            MARKER_ENV: self.marker,
+            **gang_env(spec),
+            **dict(spec.env),
+        }
+        return build_env(
+            placement,
+            self._base_env(),
+            mig_uuid=mig_uuid,
+            gpu_model=spec.gpu_model,
+            mps_pipe_dir=self.mps_pipe_dir if mps else None,
+            mps_log_dir=self.mps_log_dir if mps else None,
+            profile_json=profiles_document([a.profile]) if a.profile is not None else None,
+            extra=extra,
+        )
 
     def _free_mig_uuid(self, placement: Placement) -> str:
         """A MIG instance of the placement's profile on its GPU that none of our jobs uses."""
         assert self.backend is not None
-        used = {r.mig_uuid for r in self._runs.values()}
+        used = {a.mig_uuid for a in self._attempts.values() if a.result is None}
         index = placement.gpu_indices[0]
         for device in self.backend.devices():
             if device.index != index:
@@ -401,296 +723,362 @@ class NodeAgent:
             env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", os.defpath)])
         return env
 
-    def log_path(self, job_id: int) -> Path:
-        """``<log_dir>/job-<id>.log``: stdout and stderr of every attempt of the job."""
+    def log_path(self, job_id: int, node_rank: int = 0) -> Path:
+        """``<log_dir>/job-<id>.log``: stdout and stderr of every attempt of the job (a gang's
+        other ranks: ``job-<id>.rank<r>.log``)."""
+        if node_rank:
+            return self.log_dir / f"job-{job_id}.rank{node_rank}.log"
         return self.log_dir / f"job-{job_id}.log"
 
-    # --- control --------------------------------------------------------------------------------
+    # --- virtual GPUs -----------------------------------------------------------------------------
 
-    def control(self, job_id: int, action: str) -> None:
-        """``pause``, ``resume`` or ``kill`` job ``job_id``; a job this agent does not run is
-        ignored (it ended already, or never started here). Raises ValueError on another action.
-        """
-        if action not in ("pause", "resume", "kill"):
-            raise ValueError(f"unknown control action {action!r}; use pause, resume or kill")
-        from portal.core.models import Job
-        from portal.core.services import job_transition
-        from portal.core.states import IllegalTransition, JobState
+    def _virtual(self) -> Any:
+        """The backend if it is the virtual one (it has ``attach``), else None."""
+        return self.backend if hasattr(self.backend, "attach") else None
 
-        with self._lock:
-            run = self._runs.get(job_id)
-            if run is None:
-                log.info("%s: %s of job %s ignored: not running here", self.name, action, job_id)
-                return
-            if action == "kill":
-                run.killed = True
-                run.process.signal_group(signal.SIGTERM)
-                run.process.signal_group(signal.SIGCONT)
-            else:
-                pausing = action == "pause"
-                done = run.process.pause() if pausing else run.process.resume()
-                if not done:
-                    return  # it has ended; the next tick reaps it
-                if run.attached:
-                    self._virtual().set_paused(str(job_id), pausing)  # type: ignore[union-attr]
-                source, target = (
-                    (JobState.RUNNING, JobState.PAUSED)
-                    if pausing
-                    else (JobState.PAUSED, JobState.RUNNING)
-                )
-                verb = "paused" if pausing else "resumed"
-                if not self._owns(run):
-                    return
-                with contextlib.suppress(IllegalTransition):
-                    job_transition(
-                        Job(pk=job_id),
-                        target,
-                        actor=self.actor,
-                        message=f"{verb} on {self.name} (SIG{'STOP' if pausing else 'CONT'})",
-                        expected=source,
-                    )
-                return
-        # Wait for the group outside the lock: the sampler keeps ticking meanwhile.
-        run.process.kill(KILL_GRACE_S)
-        with self._lock:
-            ended = self._reap(run)
-        if ended:
-            _job_finished(job_id)
+    def _attach(self, a: _Attempt) -> None:
+        """Make the virtual GPUs follow the attempt (no-op elsewhere and for CPU parts)."""
+        virtual = self._virtual()
+        part = a.spec.part
+        if virtual is None or not part.gpu_indices:
+            return
+        if a.profile is None:
+            a.profile = _profile_of(a.spec)
+        vjob = virtual.attach(
+            str(a.job_id),
+            list(part.gpu_indices),
+            a.profile or _bare_profile(a.spec),
+            a.spec.mode,
+            mps_percentage=a.spec.mps_percentage,
+            mig_profile=a.spec.mig_profile,
+            job_type=a.spec.job_type,
+        )
+        a.attached = True
+        a.mig_uuid = vjob.mig_uuid
+        if a.job_pid:
+            virtual.set_pid(str(a.job_id), a.job_pid)
+        if a.paused:
+            virtual.set_paused(str(a.job_id), True)
 
-    def _kill_run(self, run: _Run) -> None:
-        """Kill a run and forget it, without touching the job's row (caller holds the lock)."""
-        run.killed = True
-        run.process.kill(KILL_GRACE_S)
-        self._forget(run)
+    def _detach(self, a: _Attempt) -> None:
+        if a.attached and self._virtual() is not None:
+            self._virtual().detach(str(a.job_id))
+        a.attached = False
 
-    # --- tick -----------------------------------------------------------------------------------
+    # --- control ----------------------------------------------------------------------------------
 
-    def tick(self) -> None:
-        """One sampler round; see the module docstring."""
-        from portal.core.metrics import metrics_record
-        from portal.core.models import Node
-        from portal.core.nodes import node_heartbeat
+    def _set_paused(self, a: _Attempt, paused: bool) -> None:
+        """SIGSTOP / SIGCONT the job's process group (once its runner has started it)."""
+        if a.job_pid is None:
+            self._read_job(a)
+        if a.job_pid is None:
+            return  # still starting: the next round applies it
+        try:
+            os.killpg(a.job_pid, signal.SIGSTOP if paused else signal.SIGCONT)
+        except ProcessLookupError:
+            return  # it has ended; collect will see the result
+        a.paused = paused
+        if a.attached:
+            self._virtual().set_paused(str(a.job_id), paused)
+        log.info("%s: %s attempt %s", self.name, "paused" if paused else "resumed", a.key)
 
-        finished: list[int] = []
-        with self._lock:
-            if self._node_id is None:
-                self._load_ids()
-            now = time.time()
-            for run in list(self._runs.values()):
-                self._follow(run)
-                if run.process.poll() is not None and self._reap(run):
-                    finished.append(run.job_id)
-            samples = self._samples(now)
-            if samples:
-                metrics_record(samples)
-            for run in self._runs.values():
-                self._push_tail(run.job_id)
-            try:
-                node_heartbeat(self.name)
-            except Node.DoesNotExist:
-                log.warning("%s: node row gone; registering again", self.name)
-                self.register()
-        for job_id in finished:
-            _job_finished(job_id)
+    def _stop(self, a: _Attempt, outcome: str, detail: str, grace_s: float = KILL_GRACE_S) -> None:
+        """Ask the attempt's runner to stop the job (SIGTERM, SIGKILL after ``grace_s``);
+        the runner records the result."""
+        runner_files.write_json(
+            a.dir / runner_files.STOP, {"outcome": outcome, "detail": detail, "grace_s": grace_s}
+        )
+        a.stopping = True
+        if a.runner_pid and runner_files.is_alive(a.runner_pid, a.runner_ticks):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(a.runner_pid, signal.SIGTERM)
+        log.info("%s: stopping attempt %s: %s", self.name, a.key, detail)
 
-    def _follow(self, run: _Run) -> None:
+    # --- collect ----------------------------------------------------------------------------------
+
+    def _read_job(self, a: _Attempt) -> None:
+        job = runner_files.read_json(a.dir / runner_files.JOB)
+        if job is not None and job.get("pid"):
+            a.job_pid, a.job_ticks = int(job["pid"]), job.get("start_ticks")
+            if a.attached and self._virtual() is not None:
+                self._virtual().set_pid(str(a.job_id), a.job_pid)
+
+    def _collect(self) -> None:
+        for a in list(self._attempts.values()):
+            if a.result is None:
+                self._collect_one(a)
+            if a.result is None:
+                self._follow(a)
+
+    def _collect_one(self, a: _Attempt) -> bool:
+        """Turn a finished runner's ``result.json`` into a result (True when it has one). A
+        runner that died without one: its job's processes are killed, the result says lost."""
+        if a.runner is not None:
+            a.runner.poll()  # reap our own child, so it does not linger as a zombie
+        if a.job_pid is None:
+            self._read_job(a)
+        data = runner_files.read_json(a.dir / runner_files.RESULT)
+        if data is None:
+            if runner_files.is_alive(a.runner_pid, a.runner_ticks):
+                return False
+            data = runner_files.read_json(a.dir / runner_files.RESULT)  # it may just have ended
+        if data is None:
+            killed = ""
+            if a.job_pid and runner_files.is_alive(a.job_pid, a.job_ticks):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(a.job_pid, signal.SIGKILL)
+                killed = f"; its job's process group {a.job_pid} was killed"
+            data = {
+                "outcome": "lost",
+                "exit_code": None,
+                "detail": f"the runner of attempt {a.key} on {self.name} ended without "
+                f"recording a result{killed}",
+                "started_at": None,
+                "ended_at": time.time(),
+            }
+            runner_files.write_json(a.dir / runner_files.RESULT, data, sync=True)
+        self._follow(a)
+        outcome = str(data.get("outcome", "lost"))
+        exit_code = data.get("exit_code")
+        a.result = AttemptResult(
+            job_id=a.job_id,
+            attempt=a.spec.attempt,
+            outcome=outcome if outcome in OUTCOMES else "lost",
+            ended_at=float(data.get("ended_at") or time.time()),
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            detail=str(data.get("detail", "")),
+            started_at=data.get("started_at"),
+            log_tail=tail(a.log_path, LOG_TAIL_BYTES) if a.spec.node_rank == 0 else None,
+        )
+        if a.result.succeeded and a.spec.node_rank == 0:
+            done = Sample("progress", 1.0, time.time(), None, a.job_id, a.spec.attempt)
+            self._samples.append(done)
+        if a.pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(a.pidfd)
+            a.pidfd = None
+        self._detach(a)
+        log.info("%s: attempt %s ended: %s", self.name, a.key, a.result.detail)
+        return True
+
+    def _forget(self, a: _Attempt) -> None:
+        """The portal has the result: drop the attempt's directory."""
+        self._attempts.pop(a.key, None)
+        shutil.rmtree(a.dir, ignore_errors=True)
+
+    def _open_pidfd(self, a: _Attempt) -> None:
+        if a.runner_pid and a.pidfd is None:
+            with contextlib.suppress(AttributeError, OSError):
+                a.pidfd = os.pidfd_open(a.runner_pid)
+
+    # --- metrics ----------------------------------------------------------------------------------
+
+    def _follow(self, a: _Attempt) -> None:
         """Read the job's new ``@cosched`` reports (progress, iterations, run time)."""
-        reports, run.log_offset = new_reports(run.process.log_path, run.log_offset)
+        reports, a.log_offset = new_reports(a.log_path, a.log_offset)
         for report in reports:
             if report.event == "start":
-                run.run_s = _float(report.get("run_s")) or run.run_s
+                a.run_s = _float(report.get("run_s")) or a.run_s
             elif report.event in ("progress", "epoch", "done", "fail", "term"):
                 fraction = _float(report.get("fraction"))
                 if report.event == "done":
                     fraction = 1.0
                 if fraction is not None:
-                    run.progress = min(1.0, max(0.0, fraction))
+                    a.progress = min(1.0, max(0.0, fraction))
                 if "iter" in report.fields:
-                    run.iters_done = _int(report.get("iter"))
-                run.iters_total = _int(report.get("iters")) or run.iters_total
-                run.iter_time_s = _float(report.get("iter_time_s")) or run.iter_time_s
-                run.active_s = _float(report.get("active_s")) or run.active_s
-        if run.attached and run.progress is not None:
-            self._virtual().set_progress(str(run.job_id), run.progress)  # type: ignore[union-attr]
+                    a.iters_done = _int(report.get("iter"))
+                a.iters_total = _int(report.get("iters")) or a.iters_total
+                a.iter_time_s = _float(report.get("iter_time_s")) or a.iter_time_s
+                a.active_s = _float(report.get("active_s")) or a.active_s
+        if a.attached and a.progress is not None:
+            self._virtual().set_progress(str(a.job_id), a.progress)
 
-    def _reap(self, run: _Run) -> bool:
-        """The process has ended: settle the job's row and forget the run (lock held).
+    def _sample_if_due(self) -> None:
+        now_mono = time.monotonic()
+        if now_mono - self._last_sample < self.sample_every_s:
+            return
+        self._last_sample = now_mono
+        self._samples.extend(self.samples(time.time()))
+        if len(self._samples) > MAX_BUFFERED_SAMPLES:
+            del self._samples[: len(self._samples) - MAX_BUFFERED_SAMPLES]
 
-        Returns True when the row was moved to a final state here."""
-        from portal.core.models import Job
-        from portal.core.services import job_transition
-        from portal.core.states import IllegalTransition, JobState
-
-        self._follow(run)
-        returncode = run.process.poll()
-        if returncode is None:
-            return False
-        self._forget(run)
-        self._push_tail(run.job_id)
-        target, reason = exit_to_state(returncode)
-        if target == "COMPLETED":
-            self._record([_sample("progress", 1.0, job_id=run.job_id, node_id=self._node_id)])
-        state = Job.objects.filter(pk=run.job_id).values_list("state", flat=True).first()
-        if state not in (JobState.RUNNING, JobState.PAUSED) or not self._owns(run):
-            # Cancelled, requeued, settled, or running again elsewhere: not ours to change.
-            return False
-        if run.killed:
-            target, reason = "FAILED", f"killed by the node agent on {self.name} ({reason})"
-        fields = {
-            "exit_code": returncode,
-            "failure_reason": "" if target == "COMPLETED" else reason,
-        }
-        job = Job(pk=run.job_id)
-        try:
-            if state == JobState.PAUSED and target == "COMPLETED":
-                # PAUSED -> COMPLETED is no edge of the state machine: record the resume first.
-                job_transition(
-                    job,
-                    JobState.RUNNING,
-                    actor=self.actor,
-                    expected=JobState.PAUSED,
-                    message="the process ended while paused",
-                )
-                state = JobState.RUNNING
-            job_transition(
-                job,
-                target,
-                actor=self.actor,
-                message=f"{reason} on {self.name}",
-                expected=state,
-                **fields,
-            )
-        except IllegalTransition:
-            return False
-        return True
-
-    @staticmethod
-    def _owns(run: _Run) -> bool:
-        """Is the run's placement still the job's active one (the row is this attempt's)?"""
-        from portal.core.models import Placement as PlacementRow
-
-        return PlacementRow.objects.filter(pk=run.placement_id, active=True).exists()
-
-    def _forget(self, run: _Run) -> None:
-        self._runs.pop(run.job_id, None)
-        if run.attached:
-            self._virtual().detach(str(run.job_id))  # type: ignore[union-attr]
-
-    def _samples(self, now: float) -> list[Any]:
-        at = datetime.fromtimestamp(now, UTC)
-        samples = []
-        if self.backend is not None and self._gpu_ids:
+    def samples(self, now: float) -> list[Sample]:
+        """One round of readings: per GPU ``util_pct``, ``memory_used_mb``, ``memory_total_mb``;
+        per running attempt ``progress`` and the live Slow-Down (ALGORITHMS.md §5)."""
+        out: list[Sample] = []
+        if self.backend is not None:
             try:
                 readings = self.backend.sample(now)
             except GpuBackendError as exc:
                 log.warning("%s: GPU sampling failed: %s", self.name, exc)
                 readings = []
             for r in readings:
-                gpu_id = self._gpu_ids.get(r.index)
-                if gpu_id is None:
-                    continue
                 if r.util_pct is not None:
-                    samples.append(_sample("util_pct", r.util_pct, at, gpu_id, self._node_id))
-                samples.append(
-                    _sample("memory_used_mb", r.memory_used_mb, at, gpu_id, self._node_id)
-                )
-                samples.append(
-                    _sample("memory_total_mb", r.memory_total_mb, at, gpu_id, self._node_id)
-                )
-        for run in self._runs.values():
-            if run.progress is not None:
-                samples.append(
-                    _sample("progress", run.progress, at, node_id=self._node_id, job_id=run.job_id)
-                )
+                    out.append(Sample("util_pct", float(r.util_pct), now, r.index))
+                out.append(Sample("memory_used_mb", float(r.memory_used_mb), now, r.index))
+                out.append(Sample("memory_total_mb", float(r.memory_total_mb), now, r.index))
+        for a in self._attempts.values():
+            if a.result is not None or a.spec.node_rank != 0:
+                continue  # a gang's job figures come from its rank 0 only
+            job, attempt = a.job_id, a.spec.attempt
+            if a.progress is not None:
+                out.append(Sample("progress", a.progress, now, None, job, attempt))
             sd = live_slowdown(
                 now,
-                run.started_s,
-                run.solo_time_s(),
-                progress=run.progress,
-                iters_done=run.iters_done,
-                iters_total=run.iters_total,
-                iter_time_s=run.iter_time_s,
-                active_s=run.active_s,
+                a.started_at,
+                a.solo_time_s(),
+                progress=a.progress,
+                iters_done=a.iters_done,
+                iters_total=a.iters_total,
+                iter_time_s=a.iter_time_s,
+                active_s=a.active_s,
             )
             if sd is not None:
-                samples.append(
-                    _sample("slowdown", sd, at, node_id=self._node_id, job_id=run.job_id)
-                )
-        return samples
+                out.append(Sample("slowdown", float(sd), now, None, job, attempt))
+        return out
 
-    def _record(self, samples: list[Any]) -> None:
-        from portal.core.metrics import metrics_record
+    # --- introspection and shutdown ---------------------------------------------------------------
 
-        metrics_record(samples)
-
-    def _push_tail(self, job_id: int) -> None:
-        from portal.core.metrics import log_tail_store
-
-        log_tail_store(job_id, tail(self.log_path(job_id), LOG_TAIL_BYTES))
-
-    # --- shutdown -------------------------------------------------------------------------------
-
-    def shutdown(self, kill_jobs: bool = True) -> None:
-        """Stop following jobs. ``kill_jobs``: kill their processes and requeue the jobs
-        (PENDING, "node agent on X stopped"); else leave them running, and the node-lost timeout
-        requeues them unless this agent comes back first (``register`` then requeues and kills
-        them). Closes the backend and leaves the local registry."""
-        from portal.core.models import Job
-        from portal.core.services import job_transition
-        from portal.core.states import IllegalTransition, JobState
-
+    def running(self) -> list[AttemptKey]:
+        """The attempts whose processes this agent runs (not yet ended)."""
         with self._lock:
-            runs = list(self._runs.values())
-            for run in runs:
-                if kill_jobs:
-                    self._kill_run(run)
-                    with contextlib.suppress(IllegalTransition):
-                        state = Job.objects.filter(pk=run.job_id).values_list("state", flat=True)
-                        current = state.first()
-                        if current in (JobState.RUNNING, JobState.PAUSED) and self._owns(run):
-                            job_transition(
-                                Job(pk=run.job_id),
-                                JobState.PENDING,
-                                actor=self.actor,
-                                message=f"node agent on {self.name} stopped",
-                                expected=current,
-                            )
-                else:
-                    self._forget(run)
+            return sorted(k for k, a in self._attempts.items() if a.result is None)
+
+    def pending_results(self) -> list[AttemptResult]:
+        """Results recorded locally and not yet acknowledged by the portal."""
+        with self._lock:
+            return [a.result for a in self._attempts.values() if a.result is not None]
+
+    def job_pid(self, job_id: int) -> int | None:
+        """The process id of job ``job_id``'s running attempt here (None while starting)."""
+        with self._lock:
+            for a in self._attempts.values():
+                if a.job_id == job_id and a.result is None:
+                    if a.job_pid is None:
+                        self._read_job(a)
+                    return a.job_pid
+        return None
+
+    def shutdown(self, kill_jobs: bool = False, timeout_s: float = KILL_GRACE_S + 5) -> None:
+        """Stop. ``kill_jobs``: stop every job (results "stopped", reported in a last sync, so
+        the portal requeues them); else leave them to their runners and the lease (a new agent
+        adopts them). Closes the backend."""
+        with self._lock:
+            if kill_jobs and self._started:
+                for a in self._attempts.values():
+                    if a.result is None:
+                        self._stop(a, "stopped", f"node agent on {self.name} stopped", 2.0)
+                deadline = time.monotonic() + timeout_s
+                while time.monotonic() < deadline:
+                    self._collect()
+                    if all(a.result is not None for a in self._attempts.values()):
+                        break
+                    time.sleep(0.05)
+                with contextlib.suppress(Exception):
+                    self._sync()
+            for a in self._attempts.values():
+                if a.pidfd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(a.pidfd)
+                    a.pidfd = None
             if self.backend is not None:
                 self.backend.close()
-            if _AGENTS.get(self.name) is self:
-                del _AGENTS[self.name]
-
-    def running_job_ids(self) -> list[int]:
-        """Ids of the jobs whose process this agent follows."""
-        with self._lock:
-            return sorted(self._runs)
-
-    def process_of(self, job_id: int) -> JobProcess | None:
-        with self._lock:
-            run = self._runs.get(job_id)
-            return None if run is None else run.process
-
-    def _virtual(self) -> Any:
-        """The backend if it is the virtual one (it has ``attach``), else None."""
-        return self.backend if hasattr(self.backend, "attach") else None
+            for fd in (self._fifo_r, self._fifo_w):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            self._fifo_r = self._fifo_w = None
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # releases the state directory's lock
+                self._lock_fd = None
+            self._started = False
 
 
-# --- helpers ------------------------------------------------------------------------------------
+class AgentLocked(RuntimeError):
+    """Another agent process uses this state directory."""
 
 
-def _sample(
-    metric: str,
-    value: float,
-    at: datetime | None = None,
-    gpu_id: int | None = None,
-    node_id: int | None = None,
-    job_id: int | None = None,
-) -> Any:
-    from portal.core.metrics import Sample
+# --- helpers --------------------------------------------------------------------------------------
 
-    return Sample(metric, float(value), at or _now(), gpu_id=gpu_id, node_id=node_id, job_id=job_id)
+
+def marker_for(state_dir: Path) -> str:
+    """The ``COSCHED_AGENT_ID`` of the runners and jobs of the agent using ``state_dir``."""
+    return hashlib.sha256(str(Path(state_dir).absolute()).encode()).hexdigest()[:16]
+
+
+def gang_env(spec: AttemptSpec) -> dict[str, str]:
+    """The launcher environment of a multi-node attempt (PyTorch's and Horovod's names):
+    ``MASTER_ADDR`` (node rank 0's address), ``MASTER_PORT``, ``WORLD_SIZE`` (one process per
+    node), ``RANK`` / ``NODE_RANK`` (this node's rank), ``LOCAL_RANK`` 0, and
+    ``COSCHED_NODES`` (every node, rank order). Empty for a single-node attempt."""
+    if not spec.is_gang:
+        return {}
+    master = spec.parts[0]
+    return {
+        "MASTER_ADDR": master.address or master.node,
+        "MASTER_PORT": str(29500 + spec.job_id % 1000),
+        "WORLD_SIZE": str(len(spec.parts)),
+        "RANK": str(spec.node_rank),
+        "NODE_RANK": str(spec.node_rank),
+        "LOCAL_RANK": "0",
+        "COSCHED_NODES": ",".join(p.node for p in spec.parts),
+    }
+
+
+def _profile_of(spec: AttemptSpec) -> Profile | None:
+    if spec.profile is None:
+        return None
+    return profile_from_json(spec.profile)
+
+
+def _bare_profile(spec: AttemptSpec) -> Profile:
+    """What the virtual GPU knows of a job without a profile: its asked memory, full use."""
+    try:
+        kind = JobKind(spec.job_kind)
+    except ValueError:
+        kind = JobKind.OTHER
+    return Profile(
+        name=spec.job_name or f"job-{spec.job_id}", kind=kind, gpu_memory_max_mb=spec.gpu_memory_mb
+    )
+
+
+def describe(spec: AttemptSpec, node: str) -> str:
+    """Where this node's part runs, in words ("gpu-1 GPU 0,1 (mps 40%)")."""
+    part = spec.part
+    if not part.gpu_indices:
+        return f"{node} (CPU, {part.cpus} cores)"
+    mode = spec.mode.replace("_", "-")
+    extra = f" {spec.mps_percentage}%" if spec.mps_percentage is not None else ""
+    extra = f" {spec.mig_profile}" if spec.mig_profile else extra
+    gpus = ",".join(map(str, part.gpu_indices))
+    return f"{node} GPU {gpus} ({mode}{extra})"
+
+
+def _write_header(path: Path, spec: AttemptSpec, node: str) -> int:
+    """Append one line marking a new attempt; returns the log's size after it (bytes)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    rank = f", node rank {spec.node_rank} of {len(spec.parts)}" if spec.is_gang else ""
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(
+            f"[cosched] job {spec.job_id} attempt {spec.attempt} on {describe(spec, node)}"
+            f"{rank}, {stamp}\n"
+        )
+        return f.tell()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
 
 
 def _float(value: Any) -> float | None:
@@ -707,89 +1095,316 @@ def _int(value: Any) -> int | None:
         return None
 
 
-def _bare_profile(job: Job) -> Profile:
-    """What the virtual GPU knows of a job without a profile: its asked memory, full use."""
-    try:
-        kind = JobKind(job.kind)
-    except ValueError:
-        kind = JobKind.OTHER
-    memory = float(job.gpu_memory_mb) if job.gpu_memory_mb else None
-    return Profile(name=job.name or f"job-{job.pk}", kind=kind, gpu_memory_max_mb=memory)
-
-
-def _describe(p: Placement) -> str:
-    if not p.gpu_indices:
-        return f"{p.node} (CPU, {p.cpus} cores)"
-    mode = p.mode.value.replace("_", "-")
-    extra = f" {p.mps_percentage}%" if p.mps_percentage is not None else ""
-    extra = f" {p.mig_profile}" if p.mig_profile else extra
-    gpus = ",".join(map(str, p.gpu_indices))
-    return f"{p.node} GPU {gpus} ({mode}{extra})"
-
-
-def _write_header(path: Path, job: Job, placement: Placement, placement_id: int) -> int:
-    """Append one line marking a new attempt; returns the log's size after it (bytes)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    stamp = _now().strftime("%Y-%m-%d %H:%M:%S UTC")
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(
-            f"[cosched] job {job.pk} on {_describe(placement)}, placement {placement_id}, {stamp}\n"
-        )
-        return f.tell()
-
-
-def _job_finished(job_id: int) -> None:
-    try:
-        from workers.triggers import on_job_finished
-    except ImportError:
-        return
-    try:
-        on_job_finished(job_id)
-    except Exception:  # a trigger must not take the agent down; the beat catches up
-        log.exception("on_job_finished(%s) failed", job_id)
-
-
-def kill_leftovers(node: str, job_id: int, proc: Path = Path("/proc")) -> list[int]:
-    """Kill the process groups of processes started for ``job_id`` on ``node`` (found by the
-    ``COSCHED_NODE`` / ``COSCHED_JOB_ID`` variables their launch set); returns the group ids.
-    Linux only (reads ``/proc/<pid>/environ``); elsewhere nothing is found."""
-    wanted = {f"COSCHED_NODE={node}".encode(), f"COSCHED_JOB_ID={job_id}".encode()}
+def kill_marked_processes(
+    marker: str, keep_groups: set[int] | frozenset[int] = frozenset(), proc: Path = Path("/proc")
+) -> list[int]:
+    """SIGKILL the process groups of processes whose environment holds ``COSCHED_AGENT_ID=
+    marker`` (runners and jobs of one agent's state directory), except the groups led by the
+    pids in ``keep_groups``; returns the killed group ids. Linux only (reads
+    ``/proc/<pid>/environ``)."""
+    wanted = f"{MARKER_ENV}={marker}".encode()
     groups: set[int] = set()
-    for entry in _pids(proc):
-        try:
-            environ = set((proc / str(entry) / "environ").read_bytes().split(b"\0"))
-            if wanted <= environ:
-                groups.add(os.getpgid(entry))
-        except (OSError, ProcessLookupError):
-            continue
-    own = os.getpgrp()
-    for pgid in sorted(groups - {own}):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-    return sorted(groups - {own})
-
-
-def _pids(proc: Path) -> Iterable[int]:
     try:
         names = os.listdir(proc)
     except OSError:
         return []
-    return [int(n) for n in names if n.isdigit()]
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            if wanted in (proc / name / "environ").read_bytes().split(b"\0"):
+                groups.add(os.getpgid(int(name)))
+        except (OSError, ProcessLookupError):
+            continue
+    groups -= set(keep_groups)
+    groups.discard(os.getpgrp())
+    for pgid in sorted(groups):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    return sorted(groups)
 
 
-# --- process-local registry ----------------------------------------------------------------------
-
-_AGENTS: dict[str, NodeAgent] = {}
+# --- the HTTP transport and nudges ----------------------------------------------------------------
 
 
-def register_local(agent: NodeAgent) -> None:
-    """Make ``agent`` the one ``local_agent(agent.name)`` returns in this process."""
-    _AGENTS[agent.name] = agent
+class HttpTransport:
+    """``SyncRequest`` as a POST to ``<portal>/agent/v1/sync`` with the node's token."""
+
+    def __init__(
+        self,
+        portal_url: str,
+        token: str,
+        *,
+        token_file: Path | None = None,
+        timeout_s: float = 15.0,
+    ) -> None:
+        """``token_file``: where the token came from; runners read it there to report a result
+        themselves when the agent cannot (without it they wait for the agent)."""
+        self.portal_url = portal_url
+        self.token_file = None if token_file is None else Path(token_file).absolute()
+        parsed = urllib.parse.urlsplit(portal_url)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"portal URL {portal_url!r}: give http(s)://host[:port]")
+        self.scheme = parsed.scheme
+        self.host = parsed.hostname
+        self.port = parsed.port
+        self.path = parsed.path.rstrip("/") + SYNC_PATH
+        self.token = token
+        self.timeout_s = timeout_s
+
+    def report_target(self) -> dict[str, Any] | None:
+        if self.token_file is None:
+            return None
+        return {
+            "url": self.portal_url,
+            "path": RESULTS_PATH,
+            "token_file": str(self.token_file),
+            "version": PROTOCOL_VERSION,
+        }
+
+    def sync(self, request: SyncRequest) -> SyncReply:
+        cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        conn = cls(self.host, self.port, timeout=self.timeout_s)
+        try:
+            conn.request(
+                "POST",
+                self.path,
+                body=request.to_json().encode(),
+                headers={
+                    "Authorization": f"{AUTH_SCHEME} {self.token}",
+                    "Content-Type": "application/json",
+                    "X-Cosched-Protocol": str(PROTOCOL_VERSION),
+                },
+            )
+            response = conn.getresponse()
+            body = response.read()
+        except (OSError, http.client.HTTPException) as exc:
+            raise TransportError(f"portal unreachable: {exc}") from None
+        finally:
+            conn.close()
+        if response.status != 200:
+            text = body[:300].decode(errors="replace").strip()
+            raise TransportError(f"portal answered HTTP {response.status}: {text}")
+        try:
+            return SyncReply.from_json(body)
+        except ProtocolError as exc:
+            raise TransportError(f"bad reply from the portal: {exc}") from None
 
 
-def local_agent(name: str) -> NodeAgent | None:
-    return _AGENTS.get(name)
+class NudgeListener(threading.Thread):
+    """Subscribes to the node's nudge channel and calls ``on_nudge`` for each message (and
+    after every (re)subscription, since nudges sent meanwhile were missed). Reconnects with a
+    back-off; Redis being down only makes the agent rely on its periodic sync."""
+
+    def __init__(self, url: str, node: str, on_nudge: Any) -> None:
+        super().__init__(name=f"nudges-{node}", daemon=True)
+        self.url = url
+        self.channel = nudge_channel(node)
+        self.on_nudge = on_nudge
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        import redis
+
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                client = redis.Redis.from_url(
+                    self.url, socket_connect_timeout=2, socket_timeout=5, health_check_interval=10
+                )
+                pubsub = client.pubsub(ignore_subscribe_messages=True)
+                pubsub.subscribe(self.channel)
+                self.on_nudge()
+                backoff = 0.5
+                while not self._stop.is_set():
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is not None and message.get("type") == "message":
+                        self.on_nudge()
+            except Exception as exc:  # redis errors, DNS, ...: try again later
+                log.debug("nudge listener: %s", exc)
+                self._stop.wait(backoff)
+                backoff = min(5.0, backoff * 2)
 
 
-def local_agents() -> list[NodeAgent]:
-    return [_AGENTS[name] for name in sorted(_AGENTS)]
+# --- command line ---------------------------------------------------------------------------------
+
+
+def _total_memory_mb() -> int:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20)
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m workers.agent",
+        description="Run a node agent: sync with the portal, run the attempts it assigns.",
+    )
+    p.add_argument("--name", required=True, help="node name (the token must be this node's)")
+    p.add_argument(
+        "--portal",
+        default=os.environ.get("COSCHED_PORTAL_URL"),
+        help="the portal's base URL (default $COSCHED_PORTAL_URL)",
+    )
+    p.add_argument(
+        "--token-file",
+        default=os.environ.get("COSCHED_NODE_TOKEN_FILE"),
+        help="file holding the node token from `manage.py node_token create NAME` "
+        "(default $COSCHED_NODE_TOKEN_FILE, else $COSCHED_NODE_TOKEN)",
+    )
+    p.add_argument(
+        "--nudge-url",
+        default=os.environ.get("COSCHED_NUDGE_URL") or os.environ.get("REDIS_URL"),
+        help="Redis URL to listen for nudges on (optional; default $COSCHED_NUDGE_URL, "
+        "else $REDIS_URL)",
+    )
+    p.add_argument("--backend", choices=["virtual", "nvml"], default="virtual")
+    p.add_argument(
+        "--gpus",
+        help='virtual GPU models, e.g. "A30x2" or "V100x2,T4" (virtual backend only; '
+        "default A30x2 on a GPU node)",
+    )
+    p.add_argument(
+        "--interference",
+        default="class_based",
+        help="model slowing co-located jobs on virtual GPUs (virtual backend only)",
+    )
+    p.add_argument("--kind", choices=["gpu", "cpu"], default="gpu")
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--memory-mb", type=int, default=_total_memory_mb())
+    p.add_argument("--interval", type=float, default=None, help="sync period, s (portal's)")
+    p.add_argument("--sample-every", type=float, default=2.0, help="metrics period, s")
+    p.add_argument(
+        "--data-dir",
+        default=os.environ.get("COSCHED_DATA_DIR") or "var",
+        help="logs, job working directories and the agent's state (default $COSCHED_DATA_DIR)",
+    )
+    p.add_argument("--address", default=None, help="address other nodes reach this one at")
+    return p
+
+
+class UsageError(Exception):
+    """A command-line or configuration problem (exit code 2, one line)."""
+
+
+def _open_backend(opts: argparse.Namespace) -> GpuBackend | None:
+    from scheduler.interference import InterferenceError, build_interference
+    from workers.gpu import open_backend
+
+    if opts.gpus and opts.backend != "virtual":
+        raise UsageError("--gpus describes virtual GPUs; use it with --backend virtual")
+    if opts.kind == "cpu":
+        if opts.gpus:
+            raise UsageError("a CPU node (--kind cpu) has no --gpus")
+        return None
+    try:
+        if opts.backend == "virtual":
+            backend = open_backend(
+                "virtual",
+                models=opts.gpus or "A30x2",
+                node=opts.name,
+                interference=build_interference(opts.interference),
+            )
+        else:
+            backend = open_backend("nvml")
+        if not backend.devices():
+            backend.close()
+            raise GpuBackendError(f"the {opts.backend} backend sees no GPU on this node")
+    except (GpuBackendError, InterferenceError) as exc:
+        raise UsageError(f"node {opts.name}: {' '.join(str(exc).split())}") from None
+    return backend
+
+
+def _token(opts: argparse.Namespace) -> str:
+    if opts.token_file:
+        try:
+            token = Path(opts.token_file).read_text().strip()
+        except OSError as exc:
+            raise UsageError(f"cannot read the token file: {exc}") from None
+    else:
+        token = os.environ.get("COSCHED_NODE_TOKEN", "").strip()
+    if not token:
+        raise UsageError(
+            "no node token: create one with `manage.py node_token create NAME --file PATH` "
+            "and pass --token-file PATH"
+        )
+    return token
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m workers.agent``; exit 0 after SIGTERM / SIGINT, 2 on a usage problem."""
+    opts = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    backend = None
+    try:
+        if opts.interval is not None and opts.interval <= 0:
+            raise UsageError("--interval must be positive")
+        if not opts.portal:
+            raise UsageError("no portal URL: pass --portal URL (or set COSCHED_PORTAL_URL)")
+        token = _token(opts)
+        token_file = Path(opts.token_file) if opts.token_file else None
+        transport = HttpTransport(opts.portal, token, token_file=token_file)
+        backend = _open_backend(opts)
+    except (UsageError, ValueError) as exc:
+        print(f"node agent: {exc}", file=sys.stderr)
+        if backend is not None:
+            backend.close()
+        return 2
+    agent = NodeAgent(
+        opts.name,
+        backend,
+        transport,
+        kind=opts.kind,
+        cores=opts.cores,
+        memory_mb=opts.memory_mb,
+        backend_name=opts.backend,
+        data_dir=Path(opts.data_dir),
+        address=opts.address,
+        sample_every_s=opts.sample_every,
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+        agent.nudge()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        agent.start()
+    except AgentLocked as exc:
+        print(f"node agent: {exc}", file=sys.stderr)
+        if backend is not None:
+            backend.close()
+        return 2
+    gpus = ", ".join(d.model or d.name for d in backend.devices()) if backend else "no GPU"
+    print(
+        f"node {opts.name}: {opts.kind}, {gpus} ({opts.backend} backend), {opts.cores} cores; "
+        f"portal {opts.portal}; state {agent.state_dir}",
+        flush=True,
+    )
+    listener = None
+    if opts.nudge_url:
+        listener = NudgeListener(opts.nudge_url, opts.name, agent.nudge)
+        listener.start()
+    if agent.step():
+        every = opts.interval or agent.sync_interval_s
+        print(f"node {opts.name}: registered; syncing every {every:g} s", flush=True)
+    try:
+        agent.run(stop, opts.interval)
+    finally:
+        if listener is not None:
+            listener.stop()
+        agent.shutdown(kill_jobs=False)  # see the module docstring
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

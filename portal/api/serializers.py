@@ -122,6 +122,56 @@ class PlacementSerializer(serializers.Serializer):
         return sorted(g.index for g in placement.gpus.all())
 
 
+class AttemptPartSerializer(serializers.Serializer):
+    node = serializers.CharField(source="node.name")
+    node_rank = serializers.IntegerField()
+    gpus = serializers.ListField(child=serializers.IntegerField(), source="gpu_indices")
+    started_at = serializers.DateTimeField(allow_null=True)
+    run_state = serializers.CharField(help_text="as the node's agent last reported it")
+    outcome = serializers.CharField(
+        help_text="how the agent says it ended: exited, killed, stopped, lease_expired, "
+        "launch_failed, lost; empty while it runs"
+    )
+    exit_code = serializers.IntegerField(allow_null=True)
+    detail = serializers.CharField()
+
+
+class AttemptSerializer(serializers.Serializer):
+    """One start of the job (docs/reliability.md): where, when, and how it ended."""
+
+    attempt = serializers.IntegerField()
+    active = serializers.BooleanField()
+    nodes = serializers.SerializerMethodField(help_text="node names, node rank order")
+    placed_at = serializers.DateTimeField(source="created_at")
+    started_at = serializers.DateTimeField(allow_null=True)
+    ended_at = serializers.DateTimeField(source="released_at", allow_null=True)
+    outcome = serializers.CharField(
+        help_text="completed, failed, cancelled or requeued; empty while it is current"
+    )
+    end_reason = serializers.CharField()
+    exit_code = serializers.SerializerMethodField()
+    parts = serializers.SerializerMethodField()
+
+    def _parts(self, placement: Any) -> list[Any]:
+        return sorted(placement.parts.all(), key=lambda p: p.node_rank)
+
+    def get_nodes(self, placement: Any) -> list[str]:
+        return [p.node.name for p in self._parts(placement)]
+
+    @extend_schema_field(serializers.IntegerField(allow_null=True))
+    def get_exit_code(self, placement: Any) -> int | None:
+        """The exit status that decided: the first rank that failed, else rank 0's."""
+        parts = self._parts(placement)
+        for part in parts:
+            if part.exit_code not in (None, 0):
+                return part.exit_code
+        return parts[0].exit_code if parts else None
+
+    @extend_schema_field(AttemptPartSerializer(many=True))
+    def get_parts(self, placement: Any) -> list[Any]:
+        return AttemptPartSerializer(self._parts(placement), many=True).data
+
+
 class JobEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = JobEvent
@@ -180,6 +230,9 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     placement = serializers.SerializerMethodField(
         help_text="where the job runs; once it has finished, where it ran last (null: never placed)"
     )
+    attempts = serializers.SerializerMethodField(
+        help_text="every start of the job, first first: where, when, and how it ended"
+    )
 
     class Meta:
         model = Job
@@ -210,6 +263,7 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "waiting_reason",
             "profile_name",
             "placement",
+            "attempts",
         ]
         read_only_fields = [
             "id",
@@ -231,6 +285,10 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     def get_placement(self, job: Job) -> dict[str, Any] | None:
         placement = selectors.job_placement(job)
         return None if placement is None else PlacementSerializer(placement).data
+
+    @extend_schema_field(AttemptSerializer(many=True))
+    def get_attempts(self, job: Job) -> list[Any]:
+        return AttemptSerializer(selectors.job_attempts(job), many=True).data
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         """Report type errors, unknown fields and business-rule errors in one 400."""

@@ -274,10 +274,14 @@ class JobEventInline(admin.TabularInline):
 
 
 class PlacementInline(admin.TabularInline):
+    """The job's attempts (docs/reliability.md)."""
+
     model = Placement
+    verbose_name = "attempt"
     extra = 0
     can_delete = False
     fields = [
+        "attempt",
         "node",
         "sharing_mode",
         "mps_percentage",
@@ -286,7 +290,10 @@ class PlacementInline(admin.TabularInline):
         "explanation",
         "active",
         "created_at",
+        "started_at",
         "released_at",
+        "outcome",
+        "end_reason",
     ]
     readonly_fields = fields
 

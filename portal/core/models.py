@@ -6,6 +6,8 @@ memory / l1, C / M, small / medium / big) are not stored: ``scheduler.classes`` 
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
@@ -167,14 +169,44 @@ class Node(models.Model):
         max_length=16, default="virtual", help_text="GPU backend: virtual (no GPU) or nvml"
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.UP)
-    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    last_heartbeat = models.DateTimeField(
+        null=True, blank=True, help_text="when its agent last synced"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
+    # The node's lease (docs/reliability.md): renewed by every sync of its agent; the agent's
+    # runners stop its jobs when it runs out, and the portal starts them again elsewhere only
+    # after it ran out plus COSCHED_LEASE_MARGIN_S.
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    address = models.CharField(
+        max_length=255, blank=True, help_text="where other nodes reach it (gang MASTER_ADDR)"
+    )
+    # The newest agent request applied (workers.protocol: requests apply in this order only).
+    sync_seq = models.BigIntegerField(default=0)
+    agent_instance = models.CharField(max_length=64, blank=True)
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+
+class NodeToken(models.Model):
+    """The credential a node agent syncs with (``manage.py node_token create NAME``): stored
+    hashed (SHA-256) like the users' API tokens, valid for one node name, revocable."""
+
+    node_name = models.CharField(max_length=100, db_index=True)
+    prefix = models.CharField(max_length=16, help_text="first characters of the key, for display")
+    key_hash = models.CharField(max_length=64, unique=True, help_text="SHA-256 of the key, hex")
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node_name", "-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.node_name} ({self.prefix}…)"
 
 
 class Gpu(models.Model):
@@ -292,9 +324,20 @@ class JobEvent(models.Model):
 
 
 class Placement(models.Model):
-    """Where and how one attempt of a job runs; ``active`` until the attempt ends."""
+    """One **attempt** of a job: where and how it runs; ``active`` while it holds its resources.
+
+    ``node`` / ``cpus`` are node rank 0's; ``gpus`` are every GPU of the attempt (all nodes);
+    ``parts`` has one row per node (``PlacementPart``), node rank order, with what each node's
+    agent reported. ``attempt`` counts a job's attempts from 1."""
+
+    class Outcome(models.TextChoices):
+        COMPLETED = "completed", "Completed"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+        REQUEUED = "requeued", "Requeued"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="placements")
+    attempt = models.PositiveIntegerField(default=None, help_text="1, 2, ... per job")
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="placements")
     gpus = models.ManyToManyField(Gpu, blank=True, related_name="placements")
     sharing_mode = models.CharField(max_length=16, choices=SHARING_MODES, default="exclusive")
@@ -307,18 +350,90 @@ class Placement(models.Model):
     score = models.FloatField(null=True, blank=True)
     active = models.BooleanField(default=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    released_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True, help_text="every part started")
+    released_at = models.DateTimeField(null=True, blank=True, help_text="the attempt ended")
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
+    end_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
             models.UniqueConstraint(
                 fields=["job"], condition=Q(active=True), name="one_active_placement_per_job"
-            )
+            ),
+            models.UniqueConstraint(fields=["job", "attempt"], name="placement_job_attempt"),
         ]
 
     def __str__(self) -> str:
-        return f"job {self.job_id} on {self.node_id} ({self.sharing_mode})"
+        return f"job {self.job_id} attempt {self.attempt} on {self.node_id} ({self.sharing_mode})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        # Numbered on creation when the writer did not number it (the scheduler does); the
+        # unique constraint on (job, attempt) catches two writers racing.
+        if self._state.adding and self.attempt is None:
+            last = Placement.objects.filter(job_id=self.job_id).aggregate(n=models.Max("attempt"))
+            self.attempt = (last["n"] or 0) + 1
+        super().save(*args, **kwargs)
+
+
+class PlacementPart(models.Model):
+    """One node's part of an attempt, and what that node's agent said about it.
+
+    ``offered_at``: first sent to the agent as launchable; ``started_at``: the agent reported
+    it running; ``reported_at``: the agent reported how it ended (``outcome``, ``exit_code``,
+    ``detail``: recorded exactly once); ``settled_at``: known not to run any more (reported,
+    absent from the agent's list, or fenced by the node's lease). A job's next attempt is
+    launched only when every part of its earlier attempts is settled."""
+
+    placement = models.ForeignKey(Placement, on_delete=models.CASCADE, related_name="parts")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="placement_parts")
+    node_rank = models.PositiveIntegerField(default=0)
+    gpu_indices = models.JSONField(default=list, blank=True)
+    cpus = models.PositiveIntegerField(default=1)
+    offered_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    settled_at = models.DateTimeField(null=True, blank=True)
+    reported_at = models.DateTimeField(null=True, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    run_state = models.CharField(max_length=16, blank=True, help_text="as the agent reports it")
+    outcome = models.CharField(max_length=16, blank=True, help_text="workers.protocol.OUTCOMES")
+    exit_code = models.IntegerField(null=True, blank=True)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["placement_id", "node_rank"]
+        constraints = [
+            models.UniqueConstraint(fields=["placement", "node_rank"], name="part_rank_unique")
+        ]
+        indexes = [models.Index(fields=["node", "settled_at"], name="part_node_settled_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.placement} rank {self.node_rank} on {self.node_id}"
+
+
+class OutboxMessage(models.Model):
+    """A message a state change implies, written in the change's transaction and relayed after
+    commit (``portal.core.outbox``): ``schedule`` (run a cycle soon) or ``nudge`` (make node
+    ``target``'s agent sync now). Delivery is an optimisation: periodic cycles and syncs would
+    catch up without it."""
+
+    class Kind(models.TextChoices):
+        SCHEDULE = "schedule", "Schedule"
+        NUDGE = "nudge", "Nudge"
+
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    target = models.CharField(max_length=100, blank=True)
+    reason = models.CharField(max_length=200, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    next_try_at = models.DateTimeField(db_index=True)
+    tries = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.target} ({self.reason})"
 
 
 class MetricSample(models.Model):

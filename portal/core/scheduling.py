@@ -10,11 +10,16 @@
    ``scheduler.domain`` types (the policy never sees a Django object);
 3. run the policy (pure, seeded);
 4. write its decisions: a conditional PENDING -> SCHEDULED transition per job, a ``Placement``
-   row with the explanation, each GPU's sharing mode; a decision that would over-commit GPU
-   memory or cores (a policy bug) is refused and logged, not written;
+   row (the job's next **attempt**, numbered) with the explanation and one ``PlacementPart`` per
+   node, each GPU's sharing mode; a decision that would over-commit GPU memory or cores on any
+   of its nodes (a policy bug) is refused and logged, not written: a gang is written whole or
+   not at all;
 5. apply its actions (pause / resume / requeue) as transitions with the policy's explanation on
    the timeline;
-6. after commit, dispatch launches and controls to the nodes' own queues.
+6. in the same transaction, queue a nudge (``portal.core.outbox``) to every node whose desired
+   attempts changed; after commit the relay sends them, and each node's agent syncs and starts,
+   stops, pauses or resumes what changed. Nothing depends on the nudges arriving: agents sync
+   periodically anyway.
 """
 
 from __future__ import annotations
@@ -32,8 +37,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.core import adapters
-from portal.core.models import Gpu, Job, JobEvent, Node, Placement, PolicySettings
-from portal.core.services import job_transition
+from portal.core.models import Gpu, Job, JobEvent, Node, Placement, PlacementPart, PolicySettings
+from portal.core.outbox import emit_nudges
+from portal.core.services import job_nodes, job_transition
 from portal.core.states import PLACED, IllegalTransition, JobState
 from scheduler.domain import (
     Action,
@@ -48,6 +54,7 @@ from scheduler.domain import (
     SharingMode,
 )
 from scheduler.domain import Placement as DomainPlacement
+from scheduler.domain import PlacementPart as DomainPart
 from scheduler.policies.registry import build_policy
 
 log = logging.getLogger(__name__)
@@ -71,7 +78,7 @@ class Snapshot:
     node_ids: dict[str, int] = field(default_factory=dict)
     gpu_ids: dict[tuple[str, int], int] = field(default_factory=dict)
     pending_ids: list[int] = field(default_factory=list)
-    running_nodes: dict[int, str] = field(default_factory=dict)  # job id -> node name
+    running_nodes: dict[int, set[str]] = field(default_factory=dict)  # job id -> its nodes
 
 
 @dataclass
@@ -136,7 +143,9 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
     placements = list(
         Placement.objects.filter(active=True, job__state__in=[s.value for s in PLACED])
         .select_related("job", "node")
-        .prefetch_related("gpus", "job__profile__gpu_times", "job__profile__memory_steps")
+        .prefetch_related(
+            "gpus", "parts__node", "job__profile__gpu_times", "job__profile__memory_steps"
+        )
     )
     pending_rows = list(
         Job.objects.filter(state=JobState.PENDING)
@@ -161,28 +170,36 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
     slices_on_gpu: dict[int, list[str]] = defaultdict(list)
     cores_on_node: dict[int, int] = defaultdict(int)
     running: list[RunningJob] = []
-    running_nodes: dict[int, str] = {}
+    running_nodes: dict[int, set[str]] = {}
     progress = _progress_of([p.job_id for p in placements])
     for p in placements:
-        cores_on_node[p.node_id] += p.cpus
-        gpu_rows = sorted(p.gpus.all(), key=lambda g: g.index)
-        for g in gpu_rows:
+        parts = sorted(p.parts.all(), key=lambda part: part.node_rank)
+        if not parts:  # a row written without parts (older code, hand-made tests)
+            gpus_here = sorted(g.index for g in p.gpus.all() if g.node_id == p.node_id)
+            parts = [PlacementPart(node=p.node, node_rank=0, gpu_indices=gpus_here, cpus=p.cpus)]
+        for part in parts:
+            cores_on_node[part.node_id] += part.cpus
+        for g in p.gpus.all():
             jobs_on_gpu[g.pk].append(str(p.job_id))
             memory_on_gpu[g.pk] += p.gpu_memory_mb
             if p.mig_profile:
                 slices_on_gpu[g.pk].append(p.mig_profile)
-        running_nodes[p.job_id] = p.node.name
+        running_nodes[p.job_id] = {part.node.name for part in parts}
+        first, more = parts[0], parts[1:]
         running.append(
             RunningJob(
                 job=to_spec(p.job),
                 placement=DomainPlacement(
                     job_id=str(p.job_id),
-                    node=p.node.name,
-                    gpu_indices=tuple(g.index for g in gpu_rows),
+                    node=first.node.name,
+                    gpu_indices=tuple(first.gpu_indices or ()),
                     mode=SharingMode(p.sharing_mode),
                     mps_percentage=p.mps_percentage,
                     mig_profile=p.mig_profile or None,
-                    cpus=p.cpus,
+                    cpus=first.cpus,
+                    more=tuple(
+                        DomainPart(m.node.name, tuple(m.gpu_indices or ()), m.cpus) for m in more
+                    ),
                 ),
                 started_s=_seconds(p.job.started_at or p.job.scheduled_at or p.created_at),
                 progress=progress.get(p.job_id, 0.0),
@@ -221,7 +238,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
                 cores=node.cores,
                 free_cores=max(0, node.cores - cores_on_node.get(node.pk, 0)),
                 memory_mb=float(node.memory_mb),
-                up=node.status == Node.Status.UP,
+                up=_usable(node, now),
                 gpus=tuple(gpu_states),
             )
         )
@@ -239,6 +256,13 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
         pending_ids=[j.pk for j in pending_rows],
         running_nodes=running_nodes,
     )
+
+
+def _usable(node: Node, now: datetime) -> bool:
+    """Can new work go to ``node``: UP, and its lease (when it ever synced) not run out."""
+    if node.status != Node.Status.UP:
+        return False
+    return node.lease_expires_at is None or node.lease_expires_at > now
 
 
 def _without_profile(job: Job) -> Job:
@@ -295,42 +319,47 @@ def _ledger(snapshot: Snapshot) -> _Ledger:
 
 
 def _refusal(decision: Decision, job: JobSpec, snapshot: Snapshot, ledger: _Ledger) -> str | None:
-    """Why writing ``decision`` would break an invariant, or None if it is sound."""
+    """Why writing ``decision`` would break an invariant on any of its nodes, or None if every
+    part is sound (a gang is checked whole: all its parts or nothing)."""
     p = decision.placement
-    node_id = snapshot.node_ids.get(p.node)
-    if node_id is None:
-        return f"unknown node {p.node!r}"
-    node = snapshot.state.node(p.node)
-    if not node.up:
-        return f"node {p.node} is down"
-    free_cores = ledger.node_free_cores.get(node_id, 0)
-    if p.cpus > free_cores:
-        return f"node {p.node} has {free_cores} free cores, {p.cpus} asked"
     need = job.memory_need_mb()
-    for index in p.gpu_indices:
-        gid = snapshot.gpu_ids.get((p.node, index))
-        if gid is None:
-            return f"node {p.node} has no GPU {index}"
-        if ledger.gpu_jobs[gid]:
-            if p.mode == SharingMode.EXCLUSIVE or ledger.gpu_mode[gid] == "exclusive":
-                return f"GPU {p.node}/{index} is held exclusively"
-            if ledger.gpu_mode[gid] not in (None, p.mode.value):
-                return f"GPU {p.node}/{index} is in {ledger.gpu_mode[gid]} mode, not {p.mode}"
-        if p.mode != SharingMode.TIME_SLICING and need > ledger.gpu_free_mb[gid] + 1e-6:
-            return (
-                f"GPU {p.node}/{index} has {ledger.gpu_free_mb[gid]:.0f} MB free, "
-                f"{need:.0f} MB needed"
-            )
+    seen_nodes: set[str] = set()
+    for part in p.parts:
+        if part.node in seen_nodes:
+            return f"node {part.node} appears twice in one placement"
+        seen_nodes.add(part.node)
+        node_id = snapshot.node_ids.get(part.node)
+        if node_id is None:
+            return f"unknown node {part.node!r}"
+        node = snapshot.state.node(part.node)
+        if not node.up:
+            return f"node {part.node} is down"
+        free_cores = ledger.node_free_cores.get(node_id, 0)
+        if part.cpus > free_cores:
+            return f"node {part.node} has {free_cores} free cores, {part.cpus} asked"
+        for index in part.gpu_indices:
+            gid = snapshot.gpu_ids.get((part.node, index))
+            if gid is None:
+                return f"node {part.node} has no GPU {index}"
+            where = f"GPU {part.node}/{index}"
+            if ledger.gpu_jobs[gid]:
+                if p.mode == SharingMode.EXCLUSIVE or ledger.gpu_mode[gid] == "exclusive":
+                    return f"{where} is held exclusively"
+                if ledger.gpu_mode[gid] not in (None, p.mode.value):
+                    return f"{where} is in {ledger.gpu_mode[gid]} mode, not {p.mode}"
+            if p.mode != SharingMode.TIME_SLICING and need > ledger.gpu_free_mb[gid] + 1e-6:
+                return f"{where} has {ledger.gpu_free_mb[gid]:.0f} MB free, {need:.0f} MB needed"
     return None
 
 
 def _write_decision(
     decision: Decision, job: JobSpec, snapshot: Snapshot, ledger: _Ledger, actor: str
 ) -> bool:
+    """Write one decision as the job's next attempt (all parts in one transaction)."""
     p = decision.placement
     job_id = int(job.id)
-    node_id = snapshot.node_ids[p.node]
-    gpu_ids = [snapshot.gpu_ids[(p.node, i)] for i in p.gpu_indices]
+    parts = p.parts
+    gpu_ids = [snapshot.gpu_ids[key] for key in p.gpu_keys]
     try:
         with transaction.atomic():
             job_transition(
@@ -341,9 +370,11 @@ def _write_decision(
                 expected=JobState.PENDING,
                 waiting_reason="",
             )
+            attempt = Placement.objects.filter(job_id=job_id).count() + 1
             placement = Placement.objects.create(
                 job_id=job_id,
-                node_id=node_id,
+                attempt=attempt,
+                node_id=snapshot.node_ids[p.node],
                 sharing_mode=p.mode.value,
                 mps_percentage=p.mps_percentage,
                 mig_profile=p.mig_profile or "",
@@ -353,12 +384,23 @@ def _write_decision(
                 explanation=decision.explanation,
                 score=decision.score,
             )
+            PlacementPart.objects.bulk_create(
+                PlacementPart(
+                    placement=placement,
+                    node_id=snapshot.node_ids[part.node],
+                    node_rank=rank,
+                    gpu_indices=list(part.gpu_indices),
+                    cpus=part.cpus,
+                )
+                for rank, part in enumerate(parts)
+            )
             if gpu_ids:
                 placement.gpus.set(gpu_ids)
                 Gpu.objects.filter(pk__in=gpu_ids).update(current_mode=p.mode.value)
     except IllegalTransition:
         return False  # cancelled (or placed) meanwhile: nothing written
-    ledger.node_free_cores[node_id] -= p.cpus
+    for part in parts:
+        ledger.node_free_cores[snapshot.node_ids[part.node]] -= part.cpus
     for gid in gpu_ids:
         ledger.gpu_jobs[gid] += 1
         ledger.gpu_mode[gid] = p.mode.value
@@ -367,22 +409,27 @@ def _write_decision(
 
 
 def _where(p: DomainPlacement) -> str:
-    if not p.gpu_indices:
-        return f"{p.node} (CPU, {p.cpus} cores)"
-    gpus = ",".join(str(i) for i in p.gpu_indices)
+    """Where a placement runs, in words; a gang lists every node."""
     mode = p.mode.value.replace("_", "-")
     extra = ""
     if p.mps_percentage is not None:
         extra = f" {p.mps_percentage}%"
     if p.mig_profile:
         extra = f" {p.mig_profile}"
-    return f"{p.node} GPU {gpus} ({mode}{extra})"
+    texts = []
+    for part in p.parts:
+        if not part.gpu_indices:
+            texts.append(f"{part.node} (CPU, {part.cpus} cores)")
+        else:
+            gpus = ",".join(str(i) for i in part.gpu_indices)
+            texts.append(f"{part.node} GPU {gpus} ({mode}{extra})")
+    return " + ".join(texts)
 
 
-def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> tuple[str, str] | None:
-    """Apply one action on a running job; returns (node, control verb) to dispatch, or None."""
+def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> set[str]:
+    """Apply one action on a running job; returns the nodes whose agents must hear of it."""
     job_id = int(action.job_id)
-    node = snapshot.running_nodes.get(job_id)
+    nodes = snapshot.running_nodes.get(job_id) or job_nodes(job_id)
     message = f"{action.policy}: {action.explanation}"
     try:
         if action.kind == ActionKind.PAUSE:
@@ -393,7 +440,7 @@ def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> tuple[str, 
                 message=message,
                 expected=JobState.RUNNING,
             )
-            return (node, "pause") if node else None
+            return set(nodes)
         if action.kind == ActionKind.RESUME:
             job_transition(
                 Job(pk=job_id),
@@ -402,13 +449,13 @@ def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> tuple[str, 
                 message=message,
                 expected=JobState.PAUSED,
             )
-            return (node, "resume") if node else None
+            return set(nodes)
         if action.kind == ActionKind.REQUEUE:
             job_transition(Job(pk=job_id), JobState.PENDING, actor=actor, message=message)
-            return (node, "kill") if node else None
+            return set(nodes)
     except IllegalTransition as exc:
         log.info("action %s on job %s skipped: %s", action.kind, job_id, exc)
-        return None
+        return set()
     # Actions the live path does not act on yet (data ratio, worker count): keep the reason.
     JobEvent.objects.create(
         job_id=job_id,
@@ -417,7 +464,7 @@ def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> tuple[str, 
         actor=actor,
         message=f"{message} (not applied live: {action.kind.value})",
     )
-    return None
+    return set()
 
 
 def _store_waiting(snapshot: Snapshot, waiting: dict[str, str], placed: set[int]) -> None:
@@ -452,8 +499,7 @@ def run_cycle(*, actor: str = "scheduler", seed: int | None = None) -> CycleResu
     """One scheduling cycle (see the module docstring). Safe to call from many workers."""
     started = time.perf_counter()
     result = CycleResult()
-    to_launch: list[tuple[str, int]] = []
-    to_control: list[tuple[str, int, str]] = []
+    to_nudge: set[str] = set()
     with _CYCLE_LOCK, transaction.atomic():
         settings_row = active_policy_settings()
         result.policy = settings_row.policy
@@ -486,46 +532,18 @@ def run_cycle(*, actor: str = "scheduler", seed: int | None = None) -> CycleResu
             if _write_decision(decision, job, snapshot, ledger, actor):
                 placed.add(int(job.id))
                 result.placed.append(int(job.id))
-                to_launch.append((decision.placement.node, int(job.id)))
+                to_nudge.update(decision.placement.nodes)
         for action in plan.actions:
-            control = _apply_action(action, snapshot, actor)
+            to_nudge |= _apply_action(action, snapshot, actor)
             result.actions.append((action.kind.value, int(action.job_id)))
-            if control is not None:
-                to_control.append((control[0], int(action.job_id), control[1]))
         waiting = dict(plan.waiting)
         for job_id, reason in result.refused.items():
             waiting[str(job_id)] = f"decision refused: {reason}"
         _store_waiting(snapshot, waiting, placed)
         result.waiting = len(state.pending) - len(placed)
-
-        def dispatch_all() -> None:
-            from workers import dispatch
-
-            for node, job_id in to_launch:
-                dispatch.launch(node, job_id)
-            for node, job_id, verb in to_control:
-                dispatch.control(node, job_id, verb)
-
-        if to_launch or to_control:
-            transaction.on_commit(dispatch_all)
+        if to_nudge:
+            emit_nudges(to_nudge, "scheduling cycle")
     result.seconds = time.perf_counter() - started
     if result.placed or result.actions or result.refused:
         log.info("cycle %s", result.summary())
     return result
-
-
-def requeue_jobs_of_node(node: Node, *, actor: str, message: str) -> list[int]:
-    """Requeue every job holding a placement on ``node`` (node lost): back to PENDING."""
-    job_ids = list(
-        Placement.objects.filter(
-            node=node, active=True, job__state__in=[s.value for s in PLACED]
-        ).values_list("job_id", flat=True)
-    )
-    requeued = []
-    for job_id in job_ids:
-        try:
-            job_transition(Job(pk=job_id), JobState.PENDING, actor=actor, message=message)
-        except IllegalTransition:
-            continue
-        requeued.append(job_id)
-    return requeued

@@ -64,7 +64,7 @@ def jobs_visible_to(
         Prefetch(
             "placements",
             queryset=Placement.objects.select_related("node")
-            .prefetch_related("gpus")
+            .prefetch_related("gpus", "parts__node")
             .order_by("-active", "-id"),
             to_attr="placements_newest_first",
         )
@@ -94,6 +94,15 @@ def job_for_user(user: Any, job_id: Any) -> Job:
     if job is None:
         raise Http404(f"job {pk} not found")
     return job
+
+
+def job_attempts(job: Job) -> list[Placement]:
+    """Every attempt of the job (its placements, first attempt first) with their parts, using
+    the prefetch of ``jobs_visible_to`` when present."""
+    prefetched = getattr(job, "placements_newest_first", None)
+    if prefetched is not None:
+        return sorted(prefetched, key=lambda p: p.attempt)
+    return list(job.placements.order_by("attempt").prefetch_related("parts__node"))
 
 
 def job_placement(job: Job) -> Placement | None:

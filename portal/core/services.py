@@ -2,7 +2,9 @@
 
 Views, serializers, forms and Celery tasks call them; they make the business decisions, apply the
 state machine with conditional updates (a duplicate delivery changes nothing) and write the
-``JobEvent`` timeline.
+``JobEvent`` timeline. A change and the messages it implies (a scheduling cycle, a nudge to the
+node running the job) are written in one transaction (``portal.core.outbox``): the change
+succeeds whether or not the broker is up, and takes effect on the node at its next sync.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F
@@ -24,11 +25,20 @@ from portal.core.models import (
     ApplicationProfile,
     Job,
     JobEvent,
+    Placement,
     ProfileGpuTime,
     ProfileMemoryStep,
 )
+from portal.core.outbox import emit_nudges, emit_schedule
 from portal.core.states import TERMINAL, IllegalTransition, JobState, can_transition
 
+# How an attempt ends when its job enters a state (``Placement.outcome``).
+_OUTCOME = {
+    JobState.COMPLETED: Placement.Outcome.COMPLETED,
+    JobState.FAILED: Placement.Outcome.FAILED,
+    JobState.CANCELLED: Placement.Outcome.CANCELLED,
+    JobState.PENDING: Placement.Outcome.REQUEUED,
+}
 # Timestamp column set when a job enters a state.
 _STAMP = {
     JobState.SCHEDULED: "scheduled_at",
@@ -53,6 +63,8 @@ def job_transition(
     The update is conditional on the state the row is in (``expected``, else the state read now),
     so two workers racing on one job cannot both win: the loser gets ``IllegalTransition``.
     Extra ``fields`` (``exit_code``, ``failure_reason``, ...) are written in the same UPDATE.
+    Entering a final state or PENDING ends the job's current attempt (its placement is
+    released, with the outcome and ``message`` as the reason).
     """
     target_state = JobState(target)
     with transaction.atomic():
@@ -76,7 +88,12 @@ def job_transition(
         if target_state == JobState.PENDING:
             Job.objects.filter(pk=job.pk).update(requeue_count=F("requeue_count") + 1)
         if target_state in TERMINAL or target_state == JobState.PENDING:
-            job.placements.filter(active=True).update(active=False, released_at=now)
+            job.placements.filter(active=True).update(
+                active=False,
+                released_at=now,
+                outcome=_OUTCOME[target_state],
+                end_reason=message[:2000],
+            )
         JobEvent.objects.create(
             job=job, from_state=current, to_state=target_state.value, actor=actor, message=message
         )
@@ -187,6 +204,7 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
                 actor=f"user:{owner.get_username()}",
                 message="submitted",
             )
+            emit_schedule(f"job {job.pk} submitted")
     except IntegrityError:
         # A concurrent retry with the same key won the race: return its job.
         if not idempotency_key:
@@ -195,60 +213,45 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
         if existing.idempotency_fingerprint != fingerprint:
             raise IdempotencyConflict(existing) from None
         return existing, False
-    _after_submit(job)
     return job, True
 
 
-def _after_submit(job: Job) -> None:
-    """Hook for the scheduling loop (a later issue): enqueue a cycle once the row is committed."""
-    try:
-        from workers import triggers
-    except ImportError:
-        return
-    transaction.on_commit(lambda: triggers.on_job_submitted(job.pk))
+def job_nodes(job_id: int) -> set[str]:
+    """Names of the nodes holding the job's current attempt (every node of a gang)."""
+    from portal.core.models import PlacementPart
+
+    return set(
+        PlacementPart.objects.filter(placement__job_id=job_id, placement__active=True).values_list(
+            "node__name", flat=True
+        )
+    )
 
 
 def job_cancel(job: Job, *, actor: str, message: str = "cancelled") -> Job:
-    """Cancel a job that is not finished yet. A finished job raises ``IllegalTransition``."""
-    job = job_transition(job, JobState.CANCELLED, actor=actor, message=message)
-    try:
-        from workers import triggers
-    except ImportError:
-        return job
-    transaction.on_commit(lambda: triggers.on_job_cancelled(job.pk))
+    """Cancel a job that is not finished yet. A finished job raises ``IllegalTransition``.
+    Its node's agent stops the processes at its next sync (nudged to sync now)."""
+    with transaction.atomic():
+        nodes = job_nodes(job.pk)
+        job = job_transition(job, JobState.CANCELLED, actor=actor, message=message)
+        emit_nudges(nodes, f"job {job.pk} cancelled")
+        emit_schedule(f"job {job.pk} cancelled")
     return job
 
 
-def _control_after_commit(job: Job, verb: str) -> None:
-    """Tell the node running ``job`` to ``pause`` / ``resume`` it, once the row is committed."""
-    placement = job.placements.filter(active=True).select_related("node").first()
-    if placement is None:
-        return
-    node = placement.node.name
-    try:
-        from workers import dispatch, triggers
-    except ImportError:
-        return
-
-    def send() -> None:
-        if triggers.has_local_waker() or not settings.CELERY_TASK_ALWAYS_EAGER:
-            dispatch.control(node, job.pk, verb)
-
-    transaction.on_commit(send)
-
-
 def job_pause(job: Job, *, actor: str, message: str = "paused") -> Job:
-    """Pause a RUNNING job (SIGSTOP on its node; it keeps its GPU memory and placement).
-    Any other state raises ``IllegalTransition``."""
-    job = job_transition(job, JobState.PAUSED, actor=actor, message=message, expected="RUNNING")
-    _control_after_commit(job, "pause")
+    """Pause a RUNNING job (SIGSTOP on its node at the agent's next sync; it keeps its GPU
+    memory and placement). Any other state raises ``IllegalTransition``."""
+    with transaction.atomic():
+        job = job_transition(job, JobState.PAUSED, actor=actor, message=message, expected="RUNNING")
+        emit_nudges(job_nodes(job.pk), f"job {job.pk} paused")
     return job
 
 
 def job_resume(job: Job, *, actor: str, message: str = "resumed") -> Job:
     """Resume a PAUSED job (SIGCONT on its node). Any other state raises ``IllegalTransition``."""
-    job = job_transition(job, JobState.RUNNING, actor=actor, message=message, expected="PAUSED")
-    _control_after_commit(job, "resume")
+    with transaction.atomic():
+        job = job_transition(job, JobState.RUNNING, actor=actor, message=message, expected="PAUSED")
+        emit_nudges(job_nodes(job.pk), f"job {job.pk} resumed")
     return job
 
 

@@ -1,13 +1,15 @@
 """End-to-end stack for the live path: every part a real process.
 
-- gunicorn serving the portal (the API the tests submit through),
-- two Celery workers on the ``scheduler`` queue (so cycles race for real),
-- a node agent (``manage.py node_agent --backend virtual``: a Celery worker on its node queue
-  plus a sampler thread) whose jobs are real subprocesses,
+- gunicorn serving the portal (the API the tests submit through, and the agents' sync endpoint),
+- two Celery workers on the ``scheduler`` queue (so cycles race for real), and beat,
+- node agents (``python -m workers.agent --backend virtual``, started by the tests): separate
+  processes holding only their node token (no database URL), syncing over HTTP, nudged through
+  Redis, running each job under a ``workers.runner`` process,
 
-all on pytest-django's PostgreSQL test database and the test Redis database (flushed). The
-stack is started once per module; the database is flushed when the module ends. Only the GPUs
-are stand-ins: the ``virtual`` backend.
+all on pytest-django's PostgreSQL test database and the test Redis database (flushed). Leases
+are short (6 s, margin 3 s) so a lost node is noticed in about ten seconds. The stack is started
+once per module; the database is flushed when the module ends. Only the GPUs are stand-ins: the
+``virtual`` backend.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+# What a node agent is not given: it holds only its node token.
+AGENT_HIDDEN = frozenset({"DATABASE_URL", "REDIS_URL", "SECRET_KEY", "TEST_DATABASE_URL"})
 
 
 def free_port() -> int:
@@ -58,13 +62,15 @@ class Stack:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
 
-    def start(self, name: str, argv: list[str], **env: str) -> subprocess.Popen:
+    def start(
+        self, name: str, argv: list[str], replace_env: dict[str, str] | None = None, **env: str
+    ) -> subprocess.Popen:
         log = self.tmp / f"{name}.log"
         self.logs[name] = log
         proc = subprocess.Popen(
             argv,
             cwd=ROOT,
-            env={**self.env, **env},
+            env={**(self.env if replace_env is None else replace_env), **env},
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -88,14 +94,38 @@ class Stack:
         path = self.logs.get(name)
         return path.read_text(errors="replace") if path and path.exists() else ""
 
+    def data_dir(self) -> Path:
+        return Path(self.env["COSCHED_DATA_DIR"])
+
     def start_agent(self, name: str, gpus: str | None = "TitanXpx2", **opts: str) -> None:
-        argv = [str(BIN / "python"), "manage.py", "node_agent", "--name", name]
-        argv += ["--backend", "virtual", "--interval", "0.5"]
+        """``python -m workers.agent`` for node ``name`` with a fresh token of its own (the
+        test process creates it in the database) and none of the portal's credentials."""
+        from portal.core.nodes import node_token_create
+
+        token_file = self.tmp / f"{name}.token"
+        if not token_file.exists():
+            token_file.write_text(node_token_create(name)[1])
+        argv = [str(BIN / "python"), "-m", "workers.agent", "--name", name, "--portal", self.url]
+        argv += ["--token-file", str(token_file), "--nudge-url", REDIS_URL]
+        argv += ["--backend", "virtual", "--interval", "0.5", "--sample-every", "0.5"]
         if gpus:
             argv += ["--gpus", gpus]
         for key, value in opts.items():
             argv += [f"--{key.replace('_', '-')}", value]
-        self.start(f"agent-{name}", argv)
+        env = {k: v for k, v in self.env.items() if k not in AGENT_HIDDEN}
+        self.start(f"agent-{name}", argv, replace_env=env)
+
+    def agent_marker(self, name: str) -> str:
+        from workers.agent import marker_for
+
+        return marker_for(self.data_dir() / "agent" / name)
+
+    def kill_node(self, name: str) -> None:
+        """The node dies: its agent, its runners and its jobs, all at once (SIGKILL)."""
+        from workers.agent import kill_marked_processes
+
+        self.stop(f"agent-{name}", sig=signal.SIGKILL)
+        kill_marked_processes(self.agent_marker(name))
 
     # -- the API, as a CI pipeline would use it ----------------------------------------------
     def api(self, method: str, path: str, token: str, body: Any = None) -> tuple[int, Any]:
@@ -133,7 +163,9 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Stac
         "DATABASE_URL": database_url,
         "REDIS_URL": REDIS_URL,
         "COSCHED_DATA_DIR": str(tmp / "data"),
-        "COSCHED_NODE_DOWN_AFTER_S": "4",
+        "COSCHED_LEASE_S": "6",
+        "COSCHED_LEASE_MARGIN_S": "3",
+        "COSCHED_RECONCILE_EVERY_S": "1",
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("TEST_DB_NAME", None)
@@ -203,6 +235,11 @@ def stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Stac
     finally:
         for name in list(stack.procs):
             stack.stop(name)
+        from workers.agent import kill_marked_processes
+
+        agents = tmp / "data" / "agent"
+        for state in agents.iterdir() if agents.exists() else []:
+            kill_marked_processes(stack.agent_marker(state.name))  # jobs left to their runners
         with django_db_blocker.unblock():
             from django.core.management import call_command
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workers.dispatch import SCHEDULER_QUEUE
+from portal.core.outbox import SCHEDULER_QUEUE
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -22,7 +22,7 @@ def test_the_deployment_has_every_part():
 
 
 def test_cosched_services_share_the_environment_the_settings_read():
-    for name in ("migrate", "web", "worker", "beat", "node-agent"):
+    for name in ("migrate", "web", "worker", "beat"):
         env = SERVICES[name]["environment"]
         url = env["DATABASE_URL"]
         assert url.startswith("postgres://") and "@postgres:5432/" in url
@@ -47,10 +47,28 @@ def test_the_scheduler_worker_serves_the_queue_cycles_are_sent_to():
 def test_the_node_agent_uses_nvml_and_reserves_the_hosts_gpus():
     service = SERVICES["node-agent"]
     command = service["command"]
-    assert command[:3] == ["python", "manage.py", "node_agent"]
+    assert command[:3] == ["python", "-m", "workers.agent"]
     assert command[command.index("--backend") + 1] == "nvml"
     devices = service["deploy"]["resources"]["reservations"]["devices"]
     assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+
+
+def test_the_node_agent_holds_no_database_credentials_only_its_node_token():
+    service = SERVICES["node-agent"]
+    env = service["environment"]
+    assert not {"DATABASE_URL", "SECRET_KEY", "REDIS_URL"} & set(env)
+    assert env["COSCHED_PORTAL_URL"].endswith("web:8000}")
+    assert env["COSCHED_NODE_TOKEN_FILE"] == "/run/secrets/node_token"
+    assert "node_token" in service["secrets"] and "node_token" in COMPOSE["secrets"]
+    # Its state outlives the container, so a restarted agent adopts its running attempts.
+    state = env["COSCHED_DATA_DIR"]
+    assert any(v.endswith(f":{state}") for v in service["volumes"])
+
+
+def test_the_web_server_lets_agents_of_the_network_sync_over_http():
+    env = SERVICES["web"]["environment"]
+    assert "web" in env["ALLOWED_HOSTS"].split(",")
+    assert env["SECURE_REDIRECT_EXEMPT"] == "^agent/v1/"
 
 
 def test_the_image_holds_every_top_level_package_the_services_import():

@@ -21,6 +21,7 @@ from scheduler.domain import (
 from scheduler.domain import (
     Placement as DomainPlacement,
 )
+from scheduler.domain import PlacementPart as DomainPart
 from scheduler.policies import registry
 from scheduler.policies.base import Policy
 
@@ -71,7 +72,7 @@ def test_snapshot_reflects_rows(alice):
     assert g1.gpus[1].free_memory_mb == 12288 - 5000
     assert state.node("c1").kind == "cpu"
     assert [r.job.id for r in state.running] == [str(running.pk)]
-    assert snap.running_nodes == {running.pk: "g1"}
+    assert snap.running_nodes == {running.pk: {"g1"}}
 
 
 def test_fifo_cycle_places_in_order_and_explains_the_rest(alice):
@@ -138,6 +139,33 @@ class _GreedyBadPolicy(Policy):
         )
 
 
+class _GangTwo(Policy):
+    """Puts every pending job on GPUs 0 and 1 of the first two nodes (a gang): a policy
+    producing gang decisions, as the framework will."""
+
+    name = "gang_two"
+
+    def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
+        first, second = state.nodes[0].name, state.nodes[1].name
+        return Plan(
+            decisions=tuple(
+                Decision(
+                    DomainPlacement(
+                        j.id,
+                        first,
+                        (0, 1),
+                        SharingMode.EXCLUSIVE,
+                        cpus=2,
+                        more=(DomainPart(second, (0, 1), 2),),
+                    ),
+                    self.name,
+                    "gang",
+                )
+                for j in state.pending
+            )
+        )
+
+
 class _PauseAll(Policy):
     name = "pause_all"
 
@@ -159,6 +187,7 @@ class _PauseAll(Policy):
 def extra_policies(monkeypatch):
     monkeypatch.setitem(registry.POLICIES, "greedy_bad", f"{__name__}:_GreedyBadPolicy")
     monkeypatch.setitem(registry.POLICIES, "pause_all", f"{__name__}:_PauseAll")
+    monkeypatch.setitem(registry.POLICIES, "gang_two", f"{__name__}:_GangTwo")
 
 
 def test_a_faulty_policy_cannot_overcommit_a_gpu(alice, extra_policies):
@@ -210,6 +239,62 @@ def test_pause_and_resume_actions_write_the_timeline(alice, extra_policies):
     run_cycle()
     job.refresh_from_db()
     assert job.state == JobState.RUNNING
+
+
+def test_each_decision_is_the_jobs_next_numbered_attempt_with_its_parts(alice):
+    make_node("g1")
+    use_policy("fifo")
+    job = submit(alice, "a")
+    run_cycle()
+    job_transition(job, JobState.PENDING, actor="scheduler", message="preempted")
+    run_cycle()
+    attempts = list(Placement.objects.filter(job=job).order_by("attempt"))
+    assert [(a.attempt, a.active, a.outcome) for a in attempts] == [
+        (1, False, "requeued"),
+        (2, True, ""),
+    ]
+    assert attempts[0].end_reason == "preempted"
+    (part,) = attempts[1].parts.all()
+    assert (part.node.name, part.node_rank, part.gpu_indices, part.cpus) == ("g1", 0, [0], 1)
+
+
+def test_a_gang_decision_is_written_whole_on_every_node(alice, extra_policies):
+    make_node("g1")
+    make_node("g2")
+    use_policy("gang_two")
+    job = submit(alice, "a", gpus=4)
+    assert run_cycle().placed == [job.pk]
+    placement = Placement.objects.get(job=job)
+    parts = [(p.node.name, p.node_rank, p.gpu_indices, p.cpus) for p in placement.parts.all()]
+    assert parts == [("g1", 0, [0, 1], 2), ("g2", 1, [0, 1], 2)]
+    assert sorted((g.node.name, g.index) for g in placement.gpus.all()) == [
+        ("g1", 0),
+        ("g1", 1),
+        ("g2", 0),
+        ("g2", 1),
+    ]
+    event = JobEvent.objects.filter(job=job, to_state="SCHEDULED").get()
+    assert "g1 GPU 0,1 (exclusive) + g2 GPU 0,1 (exclusive)" in event.message
+    # The running gang holds cores and GPUs on both nodes in the next snapshot.
+    snap = build_snapshot()
+    assert snap.state.node("g2").free_cores == 6 and snap.running_nodes[job.pk] == {"g1", "g2"}
+    (running,) = snap.state.running
+    assert running.placement.nodes == ("g1", "g2") and running.placement.gpu_count == 4
+
+
+def test_a_gang_that_does_not_fit_on_one_of_its_nodes_is_not_written_at_all(alice, extra_policies):
+    make_node("g1")
+    g2 = make_node("g2")
+    use_policy("gang_two")
+    busy = submit(alice, "busy")
+    job_transition(busy, JobState.SCHEDULED, actor="t")
+    p = Placement.objects.create(job=busy, node=g2, gpu_memory_mb=100, policy="t")
+    p.gpus.set([g2.gpus.get(index=1)])
+    job = submit(alice, "gang", gpus=4)
+    result = run_cycle()
+    assert result.placed == [] and "GPU g2/1 is held exclusively" in result.refused[job.pk]
+    assert not Placement.objects.filter(job=job).exists()
+    assert Placement.objects.filter(active=True).count() == 1  # nothing of the gang on g1
 
 
 def test_unknown_policy_name_fails_loudly(alice):

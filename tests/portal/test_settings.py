@@ -152,7 +152,8 @@ def test_celery_command_line_finds_the_app_with_dash_a_portal(tmp_path):
 
 def test_rate_limit_counters_are_shared_through_redis_when_there_is_one(tmp_path):
     """With REDIS_URL the cache (the API throttles' counters) is Redis, shared by every web
-    worker; without it, process memory."""
+    worker (Django's Redis cache, degrading while Redis is down: portal.core.cache); without
+    it, process memory."""
     code = (
         "import django; django.setup()\n"
         "from django.conf import settings\n"
@@ -160,6 +161,6 @@ def test_rate_limit_counters_are_shared_through_redis_when_there_is_one(tmp_path
     )
     env = {"COSCHED_DATA_DIR": str(tmp_path)}
     shared = _python(code, {**env, "REDIS_URL": "redis://127.0.0.1:6379/13"})
-    assert shared.stdout.strip() == "django.core.cache.backends.redis.RedisCache", shared.stderr
+    assert shared.stdout.strip() == "portal.core.cache.ResilientRedisCache", shared.stderr
     local = _python(code, env)
     assert local.stdout.strip() == "django.core.cache.backends.locmem.LocMemCache", local.stderr

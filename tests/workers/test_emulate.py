@@ -149,6 +149,19 @@ def test_fail_at_exits_with_the_exit_code():
     assert "emulated failure of x at 5" in err
 
 
+def wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Wait until process ``pid`` is stopped (state T in /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        except OSError:
+            break
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop")
+
+
 def read_until(proc: subprocess.Popen[str], predicate, timeout: float = 10.0) -> list:
     seen = []
     deadline = time.monotonic() + timeout
@@ -169,7 +182,8 @@ def test_sigstop_does_not_make_progress_jump():
     try:
         before = read_until(proc, lambda r: r.event == "progress" and r.get("fraction") >= 0.2)
         proc.send_signal(signal.SIGSTOP)
-        time.sleep(1.0)
+        wait_stopped(proc.pid)
+        time.sleep(1.0)  # the stop itself: a second not working
         proc.send_signal(signal.SIGCONT)
         out, _ = proc.communicate(timeout=10)
     finally:
@@ -206,13 +220,20 @@ def test_an_uncontended_jobs_live_slowdown_stays_near_1():
     mean over the current epoch. Default 100 iterations of 0.3 s and a report every 0.4 s: one
     or two iterations end per report, so a per-report iteration time made SD jump 0.67..1.67."""
     proc = emulator("--profile", "x", "--duration", "30", "--report-every", "0.4")
+    progress_seen = []
+
+    def enough(report) -> bool:
+        if report.event == "progress":
+            progress_seen.append(report)
+        return len(progress_seen) >= 8
+
     try:
-        time.sleep(3.5)
+        first = read_until(proc, enough, timeout=60)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=5)
+        out, err = proc.communicate(timeout=10)
     finally:
         proc.kill()
-    reports = [r for r in map(parse_report, out.splitlines()) if r is not None]
+    reports = first + [r for r in map(parse_report, out.splitlines()) if r is not None]
     run_s = reports[0].get("run_s")
     assert run_s == 30 and reports[0].get("iters") == 100, err
     sds = [

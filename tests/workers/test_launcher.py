@@ -45,7 +45,15 @@ def alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def wait_for(predicate, timeout: float = 5.0) -> None:
+def proc_state(pid: int) -> str:
+    """The one-letter state in /proc/<pid>/stat (R, S, T, Z, ...), "gone" if none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -212,9 +220,10 @@ def test_pause_stops_output_and_resume_continues(tmp_path):
     wait_for(lambda: len(read_new_lines(log)[0]) >= 3)
     assert proc.state is ProcessState.RUNNING
     assert proc.pause() and proc.state is ProcessState.PAUSED
-    time.sleep(0.1)  # let a line already in flight land
+    wait_for(lambda: proc_state(proc.pid) == "T")  # stopped: every write it made has landed
     size = log.stat().st_size
-    time.sleep(0.5)
+    time.sleep(0.6)  # the pause itself: 0.6 s stopped (the emulator may count a tick of it)
+    assert proc_state(proc.pid) == "T"
     assert log.stat().st_size == size  # stopped: nothing written
     assert proc.poll() is None
     assert proc.resume() and proc.state is ProcessState.RUNNING
@@ -238,8 +247,9 @@ def test_kill_ends_the_whole_group_children_included(tmp_path):
 
 
 def test_kill_escalates_to_sigkill_after_the_grace_period(tmp_path):
-    proc = JobProcess.start("trap '' TERM; sleep 60", dict(os.environ), tmp_path / "log")
-    time.sleep(0.2)  # let the shell install its trap
+    log = tmp_path / "log"
+    proc = JobProcess.start("trap '' TERM; echo trapped; sleep 60", dict(os.environ), log)
+    wait_for(lambda: "trapped" in log.read_text())  # the shell installed its trap
     started = time.monotonic()
     assert proc.kill(grace_s=0.3) == -signal.SIGKILL
     assert 0.25 <= time.monotonic() - started < 3

@@ -17,6 +17,9 @@ MODULES = [
     "workers.emulate",
     "workers.launcher",
     "workers.slowdown",
+    "workers.protocol",
+    "workers.runner",
+    "workers.agent",
 ]
 
 

@@ -2,8 +2,11 @@
 
 Web server (Django's, threaded), the scheduling loop, and one in-process node agent per
 ``virtual`` node in the database (``load_demo`` makes three: Titan Xp, A30 and a CPU node). No
-broker: triggers wake the loop thread directly, launches reach the agents directly. The GPUs are
-the ``virtual`` backend's: simulated, not real.
+broker: the outbox wakes the loop thread, and the agents are ``workers.agent.NodeAgent`` objects
+syncing through ``portal.core.agent_sync.InProcessTransport`` (the protocol's messages, no
+HTTP). Their jobs run under runners like anywhere else, and their state is under
+``<data>/agent/<node>``: jobs left running by a run killed with SIGKILL are adopted by the next
+one (or stopped by their lease). The GPUs are the ``virtual`` backend's: simulated, not real.
 """
 
 from __future__ import annotations
@@ -40,15 +43,15 @@ class EmbeddedLoop:
         self._wake.set()
 
     def start(self) -> None:
-        from workers import triggers
+        from portal.core import outbox
 
-        triggers.set_local_waker(self.wake)
+        outbox.set_local_waker(self.wake)
         self._thread.start()
 
     def stop(self) -> None:
-        from workers import triggers
+        from portal.core import outbox
 
-        triggers.set_local_waker(None)
+        outbox.set_local_waker(None)
         self._stop.set()
         self._wake.set()
         self._thread.join(timeout=10)
@@ -57,13 +60,16 @@ class EmbeddedLoop:
         """One pass; public so a test can drive the loop without its thread."""
         from django.db import close_old_connections
 
+        import workers.tasks  # noqa: F401  (registers the beat schedule's tasks)
         from portal.celery import app
+        from portal.core.outbox import outbox_relay
         from portal.core.scheduling import run_cycle
 
         close_old_connections()
         run_cycle()
+        outbox_relay()
         for agent in self.agents:
-            agent.tick()
+            agent.step()
         now = time.monotonic()
         for name, entry in settings.CELERY_BEAT_SCHEDULE.items():
             if entry["task"] == "cosched.schedule_cycle":
@@ -90,20 +96,22 @@ class EmbeddedLoop:
 
 
 def start_virtual_agents(*, log_dir: Any = None) -> list[Any]:
-    """One ``NodeAgent`` per ``virtual`` node row, registered in-process. Jobs left placed on
-    those nodes by an earlier run lost their processes: they are requeued first."""
+    """One in-process ``NodeAgent`` per ``virtual`` node row (in-process transport), its local
+    state read (attempts of an earlier run adopted or collected) and registered by a first
+    sync. ``log_dir``: where job logs go (its parent holds the agents' state); default
+    ``<COSCHED_DATA_DIR>/logs``."""
+    from pathlib import Path
+
+    from portal.core.agent_sync import InProcessTransport
     from portal.core.models import Node
-    from portal.core.scheduling import requeue_jobs_of_node
     from scheduler.interference import build_interference
-    from workers.agent import NodeAgent, register_local
+    from workers.agent import NodeAgent
     from workers.gpu.virtual_backend import VirtualBackend
 
     agents = []
     interference = build_interference("class_based")
+    data_dir = Path(log_dir).parent if log_dir is not None else Path(settings.DATA_DIR)
     for node in Node.objects.filter(backend="virtual").prefetch_related("gpus"):
-        requeue_jobs_of_node(
-            node, actor="embedded", message=f"Cosched restarted: the process on {node.name} is gone"
-        )
         models = [g.model for g in sorted(node.gpus.all(), key=lambda g: g.index)]
         backend = None
         if models:
@@ -111,14 +119,17 @@ def start_virtual_agents(*, log_dir: Any = None) -> list[Any]:
         agent = NodeAgent(
             node.name,
             backend,
+            InProcessTransport(),
             kind=node.kind,
             cores=node.cores,
             memory_mb=node.memory_mb,
-            log_dir=log_dir,
             backend_name="virtual",
+            data_dir=data_dir,
+            log_dir=Path(log_dir) if log_dir is not None else None,
+            address="127.0.0.1",
         )
-        agent.register()
-        register_local(agent)
+        agent.start()
+        agent.step()
         agents.append(agent)
     return agents
 
@@ -145,7 +156,7 @@ class Command(BaseCommand):
             raise CommandError(
                 "run_embedded is the broker-less default; with REDIS_URL set, run the web "
                 "server, `celery -A portal worker -Q scheduler`, `celery -A portal beat` and "
-                "`manage.py node_agent` instead"
+                "`python -m workers.agent` on each node instead"
             )
         # Tasks run in-process here: Celery's "Task ... succeeded" line per launch is noise.
         logging.getLogger("celery.app.trace").setLevel(logging.WARNING)

@@ -1,0 +1,419 @@
+"""The job runner: one small process per attempt, the job's parent (like Slurm's slurmstepd).
+
+    python -S -m workers.runner ATTEMPT_DIR
+
+The node agent starts it in its own session, so a ``kill -9`` or a ``SIGSTOP`` of the agent
+leaves it alone. It starts the job (a shell command in a session of its own, so pause / resume /
+kill reach the job's children too), waits for it, and writes how it ended to ``result.json``.
+It enforces the node's **lease**: when the lease file says the lease has run out without renewal
+(the agent could not reach the portal, or is frozen, or dead), it stops the job itself (SIGTERM,
+then SIGKILL after the lease's grace), so the portal may start the job again elsewhere once the
+lease plus a margin has passed and two attempts never run at once.
+
+Once the job has ended it wakes the agent (a byte into the agent's FIFO) and stays until the
+agent has the result acknowledged (the attempt directory goes). If the agent has not done so
+``report_after_s`` after the end (it is frozen, dead or cut off), the runner sends the result to
+the portal itself (``workers.protocol.ResultReport`` with the node's token), so a job that
+finished while its agent was away is not started again when the lease runs out.
+
+Files (JSON, each written atomically: a temporary file renamed into place):
+
+- ``ATTEMPT_DIR/spec.json`` (agent, before the start): ``argv``, ``env``, ``cwd``, ``log``,
+  ``lease_file``, ``lease_deadline`` (``lease_clock`` s; used while the lease file is missing),
+  ``wake_fifo``, ``report`` (``url``, ``token_file``, ``node``, ``job_id``, ``attempt``; absent
+  in-process), ``report_after_s``, ``ack_wait_s`` (how long to stay for the acknowledgement).
+- ``ATTEMPT_DIR/runner.json`` (runner, at once): ``pid``, ``start_ticks`` (its start time in
+  clock ticks since boot: a reused pid is not mistaken for it).
+- ``ATTEMPT_DIR/job.json`` (runner, once the job started): ``pid``, ``pgid``, ``start_ticks``,
+  ``started_at`` (epoch s).
+- ``ATTEMPT_DIR/stop.json`` (agent, then SIGTERM to the runner): ``outcome`` (``killed`` or
+  ``stopped``), ``detail``, ``grace_s``.
+- ``ATTEMPT_DIR/reported.json`` (runner): it reported the result to the portal itself.
+- ``ATTEMPT_DIR/result.json`` (runner, when the job ended, flushed to disk): ``outcome``
+  (``workers.protocol.OUTCOMES``), ``exit_code`` (the job's status as ``subprocess`` gives it:
+  negative = killed by that signal), ``detail``, ``started_at``, ``ended_at``.
+- the node's lease file (agent, shared by its runners): ``deadline`` (``lease_clock()``
+  seconds: CLOCK_BOOTTIME, shared by every process of this boot and counting time the machine
+  spent suspended, so a resumed node knows its lease ran out), ``kill_grace_s``.
+
+Only a few standard modules are imported (no ``typing``, no ``pathlib``) and the agent starts
+it without ``site``: a runner costs a few milliseconds of CPU just when its job starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+SPEC = "spec.json"
+RUNNER = "runner.json"
+JOB = "job.json"
+STOP = "stop.json"
+RESULT = "result.json"
+REPORTED = "reported.json"
+CHECK_EVERY_S = 0.25  # how often the lease file is looked at
+DEFAULT_GRACE_S = 10.0
+
+
+def lease_clock() -> float:
+    """Seconds on the clock leases are measured with: CLOCK_BOOTTIME (Linux), which unlike
+    CLOCK_MONOTONIC goes on while the machine is suspended; CLOCK_MONOTONIC elsewhere."""
+    return time.clock_gettime(_LEASE_CLOCK)
+
+
+_LEASE_CLOCK = getattr(time, "CLOCK_BOOTTIME", time.CLOCK_MONOTONIC)
+
+
+def write_json(path: str | os.PathLike[str], data: dict, *, sync: bool = False) -> None:
+    """Write ``data`` to ``path`` atomically (readers see the old file or the new, never half);
+    ``sync``: and on disk before returning (a result must survive a power cut; the other files
+    need not: a crash of the machine ends its processes anyway)."""
+    path = os.fspath(path)
+    head, tail = os.path.split(path)
+    tmp = os.path.join(head, f".{tail}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: str | os.PathLike[str]) -> dict | None:
+    """The object in ``path``, or None when it is missing or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/<pid>/stat after the command name (field 3, the state, first), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22), or
+    None when there is no such process. With the pid it identifies a process for good."""
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def is_alive(pid: int | None, ticks: int | None) -> bool:
+    """Is process ``pid`` the one that started at ``ticks``, and not a zombie?"""
+    if not pid or ticks is None:
+        return False
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[19] == str(ticks) and fields[0] not in ("Z", "X")
+
+
+def group_alive(pgid: int) -> bool:
+    """Does any live (non-zombie) process remain in process group ``pgid``?"""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(name)
+            if fields and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+                return True
+    return False
+
+
+def lease_deadline(lease_file: str, fallback: float) -> tuple[float, float]:
+    """(deadline in ``lease_clock`` s, kill grace in s) from the lease file, else ``fallback``."""
+    data = read_json(lease_file)
+    if data is None:
+        return fallback, DEFAULT_GRACE_S
+    try:
+        return float(data["deadline"]), float(data.get("kill_grace_s", DEFAULT_GRACE_S))
+    except (KeyError, TypeError, ValueError):
+        return fallback, DEFAULT_GRACE_S
+
+
+class Runner:
+    """One attempt's runner; ``run`` returns when ``result.json`` is written."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        spec = read_json(self._path(SPEC))
+        if spec is None:
+            raise SystemExit(f"runner: no readable {self._path(SPEC)}")
+        self.spec = spec
+        self.lease_file = str(spec["lease_file"])
+        self.fallback_deadline = float(spec.get("lease_deadline", 0.0))
+        self._lease_mtime: int | None = None
+        self._lease = (self.fallback_deadline, DEFAULT_GRACE_S)
+        self._stop_asked = False
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at: float | None = None
+        self.result: dict | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+
+    def _path(self, name: str) -> str:
+        return os.path.join(self.dir, name)
+
+    # -- signals ---------------------------------------------------------------------------------
+
+    def _on_term(self, signum: int, frame: object) -> None:
+        self._stop_asked = True
+
+    def _install_signals(self) -> None:
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the agent's terminal going away
+
+    # -- lease -----------------------------------------------------------------------------------
+
+    def lease(self) -> tuple[float, float]:
+        try:
+            mtime = os.stat(self.lease_file).st_mtime_ns
+        except OSError:
+            return self._lease
+        if mtime != self._lease_mtime:
+            self._lease_mtime = mtime
+            self._lease = lease_deadline(self.lease_file, self.fallback_deadline)
+        return self._lease
+
+    def lease_expired(self) -> bool:
+        return lease_clock() >= self.lease()[0]
+
+    def _stop_request(self) -> dict | None:
+        if self._stop_asked or os.path.exists(self._path(STOP)):
+            return read_json(self._path(STOP)) or {}
+        return None
+
+    # -- the job ---------------------------------------------------------------------------------
+
+    def _finish(self, outcome: str, exit_code: int | None, detail: str) -> None:
+        self.result = {
+            "outcome": outcome,
+            "exit_code": exit_code,
+            "detail": detail,
+            "started_at": self.started_at,
+            "ended_at": time.time(),
+        }
+        write_json(self._path(RESULT), self.result, sync=True)
+        self._wake_agent()
+
+    def _wake_agent(self) -> None:
+        """A byte into the agent's FIFO, so it collects the result now (nobody there: fine)."""
+        fifo = self.spec.get("wake_fifo")
+        if not fifo:
+            return
+        with contextlib.suppress(OSError):
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(fd, b"r")
+            finally:
+                os.close(fd)
+
+    def linger(self) -> None:
+        """Stay until the agent has the result acknowledged (the directory goes); report it to
+        the portal directly if the agent has not after ``report_after_s``."""
+        report = self.spec.get("report")
+        report_at = time.monotonic() + float(self.spec.get("report_after_s", 5.0))
+        give_up = time.monotonic() + float(self.spec.get("ack_wait_s", 24 * 3600))
+        retry_in = 1.0
+        while os.path.exists(self._path(SPEC)) and time.monotonic() < give_up:
+            if report and time.monotonic() >= report_at:
+                if self._report(report):
+                    write_json(self._path(REPORTED), {"at": time.time()})
+                    return
+                report_at = time.monotonic() + retry_in
+                retry_in = min(30.0, retry_in * 2)
+            time.sleep(0.25)
+
+    def _report(self, target: dict) -> bool:
+        """POST the result as a ``ResultReport``; True when the portal acknowledged it."""
+        import http.client
+        import urllib.parse
+
+        result = dict(self.result or {})
+        result.update(job_id=target["job_id"], attempt=target["attempt"])
+        body = json.dumps(
+            {"version": target.get("version", 1), "node": target["node"], "results": [result]}
+        ).encode()
+        try:
+            with open(target["token_file"], encoding="utf-8") as f:
+                token = f.read().strip()
+            url = urllib.parse.urlsplit(target["url"])
+            cls = (
+                http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+            )
+            conn = cls(url.hostname, url.port, timeout=10)
+            try:
+                conn.request(
+                    "POST",
+                    url.path.rstrip("/") + target["path"],
+                    body=body,
+                    headers={
+                        "Authorization": f"Bearer {token}",
+                        "Content-Type": "application/json",
+                    },
+                )
+                response = conn.getresponse()
+                answer = json.loads(response.read() or b"{}")
+            finally:
+                conn.close()
+        except (OSError, ValueError, KeyError, http.client.HTTPException):
+            return False
+        acked = answer.get("acked") if isinstance(answer, dict) else None
+        return response.status == 200 and bool(acked)
+
+    def _start(self) -> bool:
+        spec = self.spec
+        log = str(spec["log"])
+        try:
+            os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
+            os.makedirs(str(spec["cwd"]), exist_ok=True)
+            with open(log, "ab") as out:
+                self.proc = subprocess.Popen(
+                    spec["argv"],
+                    env=dict(spec["env"]),
+                    cwd=spec["cwd"],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except OSError as exc:
+            self._finish("launch_failed", None, f"cannot start the command: {exc}")
+            return False
+        self.started_at = time.time()
+        write_json(
+            self._path(JOB),
+            {
+                "pid": self.proc.pid,
+                "pgid": self.proc.pid,
+                "start_ticks": start_ticks(self.proc.pid),
+                "started_at": self.started_at,
+            },
+        )
+        return True
+
+    def _signal_group(self, signum: int) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signum)
+
+    def _wait(self, timeout: float, pidfd: int | None) -> int | None:
+        """Wait up to ``timeout`` s for the job to exit or a signal; the status or None."""
+        assert self.proc is not None
+        fds = [self._wake_r] + ([pidfd] if pidfd is not None else [])
+        if pidfd is None:
+            timeout = min(timeout, 0.05)
+        try:
+            ready, _, _ = select.select(fds, [], [], max(0.0, timeout))
+        except InterruptedError:
+            ready = []
+        if self._wake_r in ready:
+            with contextlib.suppress(OSError):
+                os.read(self._wake_r, 512)
+        return self.proc.poll()
+
+    def _stop(self, grace_s: float, pidfd: int | None) -> int:
+        """SIGTERM (and SIGCONT, so a stopped job sees it) to the job's group, SIGKILL after
+        ``grace_s``; returns the job's status."""
+        self._signal_group(signal.SIGTERM)
+        self._signal_group(signal.SIGCONT)
+        deadline = time.monotonic() + grace_s
+        while (code := self._wait(deadline - time.monotonic(), pidfd)) is None:
+            if time.monotonic() >= deadline:
+                self._signal_group(signal.SIGKILL)
+                assert self.proc is not None
+                return self.proc.wait()
+        return code
+
+    def run(self) -> int:
+        me = os.getpid()
+        write_json(self._path(RUNNER), {"pid": me, "start_ticks": start_ticks(me)})
+        self._install_signals()
+        if self.lease_expired():
+            self._finish("lease_expired", None, "the node's lease had run out before the start")
+            return 0
+        stop = self._stop_request()
+        if stop is not None:
+            self._finish(str(stop.get("outcome", "killed")), None, "stopped before it started")
+            return 0
+        if not self._start():
+            return 0
+        assert self.proc is not None
+        pidfd = None
+        with contextlib.suppress(AttributeError, OSError):
+            pidfd = os.pidfd_open(self.proc.pid)
+        outcome, detail = "exited", ""
+        while True:
+            code = self._wait(CHECK_EVERY_S, pidfd)
+            if code is not None:
+                break
+            stop = self._stop_request()
+            if stop is not None:
+                outcome = str(stop.get("outcome", "killed"))
+                detail = str(stop.get("detail", "stopped by the node agent"))
+                code = self._stop(float(stop.get("grace_s", DEFAULT_GRACE_S)), pidfd)
+                break
+            if self.lease_expired():
+                outcome = "lease_expired"
+                detail = "the node's lease ran out without renewal: the runner stopped the job"
+                code = self._stop(self.lease()[1], pidfd)
+                break
+        # Children that outlived the job's main process go with it.
+        self._signal_group(signal.SIGKILL)
+        if outcome == "exited":
+            detail = describe_status(code)
+        else:
+            detail = f"{detail} ({describe_status(code)})"
+        self._finish(outcome, code, detail)
+        return 0
+
+
+def describe_status(code: int | None) -> str:
+    """An exit status as ``subprocess`` reports it, in words ("exit code 3", "killed by
+    SIGKILL", "exit code 137 (SIGKILL)")."""
+    if code is None:
+        return "no exit status"
+    if code < 0:
+        return f"killed by {_signal_name(-code)}"
+    if 128 < code <= 128 + 64:
+        return f"exit code {code} ({_signal_name(code - 128)})"
+    return f"exit code {code}"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -S -m workers.runner ATTEMPT_DIR", file=sys.stderr)
+        return 2
+    runner = Runner(args[0])
+    code = runner.run()
+    runner.linger()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
