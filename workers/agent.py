@@ -71,7 +71,7 @@ from scheduler.domain import JobKind, Placement, Profile, SharingMode
 from workers import runner as runner_files
 from workers.gpu.base import DeviceInfo, GpuBackend, GpuBackendError
 from workers.isolation import IsolationError, JobUsers, Limits
-from workers.launcher import LaunchError, build_env, new_reports, tail
+from workers.launcher import LaunchError, build_env, is_portal_variable, new_reports, tail
 from workers.profiles import ProfileFormatError, profile_from_json, profiles_document
 from workers.protocol import (
     AUTH_SCHEME,
@@ -635,7 +635,9 @@ class NodeAgent:
             self._attempts[key] = a
             self._collect_one(a)
             return
-        env_runner = {k: v for k, v in env.items() if not k.startswith("CUDA_")}
+        # The runner keeps the agent's account (root on a multi-user node): its environment is
+        # the agent's few runtime variables, nothing of the job's (LD_PRELOAD, PYTHON*, ...).
+        env_runner = runner_env(os.environ)
         env_runner.update(
             {
                 MARKER_ENV: self.marker,
@@ -1029,6 +1031,19 @@ class AgentLocked(RuntimeError):
 
 
 # --- helpers --------------------------------------------------------------------------------------
+
+
+RUNNER_ENV_KEEP = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "TMPDIR"})
+
+
+def runner_env(agent_env: Any) -> dict[str, str]:
+    """The environment a runner starts with: ``RUNNER_ENV_KEEP`` and ``LC_*`` of the agent's
+    own (the agent adds its marker, the attempt directory and ``PYTHONPATH``)."""
+    return {
+        k: v
+        for k, v in agent_env.items()
+        if (k in RUNNER_ENV_KEEP or k.startswith("LC_")) and not is_portal_variable(k)
+    }
 
 
 def marker_for(state_dir: Path) -> str:

@@ -9,6 +9,7 @@ the jobs as one account (``JobUsers.single()``), or left logs, directories or it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -52,12 +53,11 @@ def token_file(shared_dir) -> Path:
     return token
 
 
-@pytest.fixture
-def agent(node, accounts, shared_dir, token_file):
-    agent = NodeAgent(
+def _agent(shared_dir: Path, transport) -> NodeAgent:
+    return NodeAgent(
         NODE,
         None,
-        InProcessTransport(),
+        transport,
         kind="cpu",
         cores=8,
         memory_mb=16384,
@@ -65,6 +65,11 @@ def agent(node, accounts, shared_dir, token_file):
         sample_every_s=0.0,
         job_users=JobUsers(OWNER, user_map=dict(ACCOUNTS), fallback="none"),
     )
+
+
+@pytest.fixture
+def agent(node, accounts, shared_dir, token_file):
+    agent = _agent(shared_dir, InProcessTransport())
     yield agent
     agent.shutdown(kill_jobs=True)
     kill_marked_processes(agent.marker)
@@ -339,3 +344,43 @@ def test_spec_files_carry_the_jobs_account_and_stay_private(alice, agent, accoun
     assert stat.S_IMODE(attempt.stat().st_mode) == 0o700
     os.kill(agent.job_pid(job.pk), signal.SIGKILL)  # as root: the agent may
     assert _until_ended(agent, job).state == "FAILED"
+
+
+class _WithJobEnv:
+    """The in-process transport, adding variables to every attempt to launch (as a job's
+    owner could if the portal let them set the environment)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.inner = InProcessTransport()
+        self.env = env
+
+    def sync(self, request):
+        reply = self.inner.sync(request)
+        desired = tuple(
+            dataclasses.replace(s, env={**s.env, **self.env}) if s.launch else s
+            for s in reply.desired
+        )
+        return dataclasses.replace(reply, desired=desired)
+
+
+def test_the_runner_that_stays_root_takes_nothing_from_the_jobs_environment(
+    alice, node, accounts, shared_dir
+):
+    """The runner keeps the agent's account: a variable of the job's (LD_PRELOAD would load
+    the owner's library into a root process) must reach the job only."""
+    job_env = {"LD_PRELOAD": "/nonexistent/evil.so", "MALLORY_MARK": "1"}
+    agent = _agent(shared_dir, _WithJobEnv(job_env))
+    try:
+        job = _job(alice, agent_node(agent), "sleep 30")
+        pid = _running_pid(agent, job)
+        runner = _runner_pid(agent, job)
+        runner_env = Path(f"/proc/{runner}/environ").read_bytes().split(b"\0")
+        job_environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        assert b"MALLORY_MARK=1" in job_environ and _uid(pid) == accounts["alice"].pw_uid
+        assert not [v for v in runner_env if v.startswith((b"MALLORY_MARK", b"LD_PRELOAD"))]
+        assert _uid(runner) == 0
+        names = {v.split(b"=", 1)[0] for v in runner_env if v}
+        assert b"DATABASE_URL" not in names and b"COSCHED_AGENT_ID" in names
+    finally:
+        agent.shutdown(kill_jobs=True)
+        kill_marked_processes(agent.marker)
