@@ -384,3 +384,11 @@ def test_the_runner_that_stays_root_takes_nothing_from_the_jobs_environment(
     finally:
         agent.shutdown(kill_jobs=True)
         kill_marked_processes(agent.marker)
+
+
+def test_a_job_whose_owner_has_no_account_fails_to_launch_and_says_why(django_user_model, agent):
+    stranger = django_user_model.objects.create_user("stranger", password="pw-stranger-123")
+    job = _until_ended(agent, _job(stranger, agent_node(agent), "echo never"))
+    assert job.state == "FAILED"
+    assert "portal user 'stranger' has no unix account on this node" in job.failure_reason
+    assert "never" not in _log(agent, job).split("\n", 1)[-1]
