@@ -1396,8 +1396,7 @@ def _isolation(opts: argparse.Namespace) -> tuple[JobUsers, Limits]:
     apply them (an agent that is not root asked for owner mode, a missing account, ...)."""
     try:
         users = JobUsers.from_options(opts.run_jobs_as, opts.job_user_map, opts.fallback_account)
-        for warning in users.check():
-            print(f"node agent: warning: {warning}", file=sys.stderr)
+        users.check()  # its warnings are logged when the agent starts
     except IsolationError as exc:
         raise UsageError(str(exc)) from None
     limits = Limits.detect(opts.cgroup_root)

@@ -392,3 +392,27 @@ def test_a_job_whose_owner_has_no_account_fails_to_launch_and_says_why(django_us
     assert job.state == "FAILED"
     assert "portal user 'stranger' has no unix account on this node" in job.failure_reason
     assert "never" not in _log(agent, job).split("\n", 1)[-1]
+
+
+def test_a_root_agent_starts_in_owner_mode_and_warns_of_a_readable_token(accounts, shared_dir):
+    token = shared_dir / "node.token"
+    token.write_text("cosn_x\n")
+    token.chmod(0o644)
+    users_map = shared_dir / "users"
+    users_map.write_text("alice cst-alice\n")
+    cli = [sys.executable, "-m", "workers.agent", "--name", "n1", "--portal", "http://127.0.0.1:9"]
+    cli += ["--token-file", str(token), "--kind", "cpu", "--job-user-map", str(users_map)]
+    cli += ["--fallback-account", "cst-mallory", "--interval", "5"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COSCHED_")}
+    env["COSCHED_DATA_DIR"] = str(shared_dir / "data")
+    proc = subprocess.Popen(cli, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert "jobs run as their owners' accounts, 1 mapped, else cst-mallory" in lines[1], lines
+    assert "cores and memory" in lines[1]
+    assert f"the token file {token} is readable by others (chmod 600 it)" in err
+    assert proc.returncode == 0, err
