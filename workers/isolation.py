@@ -469,8 +469,17 @@ class JobLaunch:
 
     def preexec(self) -> None:
         """In the job's process, after ``fork``, before ``exec`` (``Popen(preexec_fn=...)``):
-        join the cgroup, set the fallback limits, drop to the account. Raises on failure, so
-        the job never runs with the runner's privileges."""
+        join the cgroup, set the fallback limits, drop to the account. Raises on failure (said
+        in the job's log first: its stderr is the log already), so the job never runs with the
+        runner's privileges."""
+        try:
+            self._preexec()
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.write(2, f"[cosched] the job cannot start: {exc}\n".encode(errors="replace"))
+            raise
+
+    def _preexec(self) -> None:
         if self.cgroup:
             _write(os.path.join(self.cgroup, "cgroup.procs"), "0")
         limit_mb = self.limits.get("rlimit_as_mb")

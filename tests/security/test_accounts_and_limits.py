@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,26 @@ def test_without_usable_cgroups_the_fallback_is_said_and_is_an_address_space_lim
                                                       "rlimit_as_mb": 300}  # fmt: skip
     # A GPU job's CUDA context reserves far more address space than it uses: no limit.
     assert "rlimit_as_mb" not in limits.for_job("j", 2, 300, gpu=True)
+
+
+def test_a_job_that_cannot_be_confined_does_not_run_and_its_log_says_why(accounts, tmp_path):
+    """Fail closed: if joining the cgroup (or dropping privileges) fails in the child, the
+    command never runs, as the account or as the runner."""
+    group = tmp_path / "cg"
+    (group / "cgroup.procs").mkdir(parents=True)  # cannot be written: the join fails
+    launch = JobLaunch(
+        {"account": Account.lookup("cst-alice").to_dict(), "limits": {"cgroup": str(group)}}
+    )
+    log, work = tmp_path / "job.log", tmp_path / "work"
+    launch.prepare(str(log), str(work))
+    marker = tmp_path / "ran"
+    with open(log, "ab") as out, pytest.raises(subprocess.SubprocessError):
+        subprocess.Popen(
+            ["/bin/sh", "-c", f"touch {marker}"],
+            cwd=work,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=launch.preexec,
+        )
+    assert not marker.exists()
+    assert "[cosched] the job cannot start: [Errno 21] Is a directory" in log.read_text()
