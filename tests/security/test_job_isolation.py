@@ -196,6 +196,7 @@ def test_a_job_cannot_read_another_users_log_or_files(alice, mallory, agent):
     deadline = time.monotonic() + 10
     while secret not in _log(agent, victim) and time.monotonic() < deadline:
         time.sleep(0.05)
+    assert secret in _log(agent, victim)  # there is something to steal
     victim_log = agent.log_path(victim.pk)
     victim_dir = agent.work_dir / f"job-{victim.pk}"
     command = (
