@@ -454,8 +454,9 @@ class JobLaunch:
             self.cgroup_error = f"cgroup {path}: {exc.strerror or exc}"
             self.cgroup = None
 
-    def env(self, env: dict) -> dict:
-        """The job's environment: ``env`` with the account's identity when it switches."""
+    def env(self, env: dict, cwd: str = "/") -> dict:
+        """The job's environment: ``env`` with the account's identity when it switches
+        (``HOME``: the account's, else the job's working directory ``cwd``)."""
         env = dict(env)
         target = self.target
         if target is None:
@@ -463,7 +464,7 @@ class JobLaunch:
         for key in list(env):
             if key in SESSION_NAMES or key.startswith(SESSION_PREFIXES):
                 del env[key]
-        home = target.home if os.path.isdir(target.home) else "/"
+        home = target.home if os.path.isdir(target.home) else cwd
         env.update(HOME=home, USER=target.name, LOGNAME=target.name, SHELL="/bin/sh")
         return env
 

@@ -294,7 +294,7 @@ class Runner:
                     out.flush()
                 self.proc = subprocess.Popen(
                     spec["argv"],
-                    env=iso.env(spec["env"]),
+                    env=iso.env(spec["env"], str(spec["cwd"])),
                     cwd=spec["cwd"],
                     stdin=subprocess.DEVNULL,
                     stdout=out,

@@ -81,7 +81,9 @@ def test_the_job_environment_takes_the_accounts_identity(accounts):
         {"HOME": "/root", "USER": "root", "XDG_RUNTIME_DIR": "/run/user/0", "PATH": "/bin"}
     )
     assert env["USER"] == env["LOGNAME"] == "cst-alice" and env["PATH"] == "/bin"
-    assert env["HOME"] == "/" and "XDG_RUNTIME_DIR" not in env  # no home directory: /
+    assert "XDG_RUNTIME_DIR" not in env
+    assert env["HOME"] == "/"  # no home directory, no working directory given: /
+    assert launch.env({}, "/data/work/job-1")["HOME"] == "/data/work/job-1"
 
 
 def _fake_cgroup_tree(root: Path, controllers: str) -> Path:

@@ -146,7 +146,7 @@ def test_a_job_runs_as_its_owner_with_a_private_log_and_directory(alice, agent, 
     lines = _log(agent, job).splitlines()[1:]  # after the agent's header
     assert lines[0] == str(account.pw_uid) and lines[1] == str(account.pw_gid)
     assert lines[2] == "0077"
-    assert lines[3].split()[1] == "cst-alice"  # HOME is / (no home directory): the user name
+    assert lines[3].split() == [lines[4], "cst-alice"]  # no home directory: HOME is the cwd
     log = agent.log_path(job.pk).stat()
     assert (log.st_uid, stat.S_IMODE(log.st_mode)) == (account.pw_uid, 0o600)
     work = Path(lines[4]).stat()
