@@ -317,6 +317,8 @@ class AttemptSpec:
     job_kind: str = "other"
     job_type: str | None = None
     gpu_memory_mb: float | None = None
+    owner: str = ""  # the portal user; the node runs the job as their account (isolation)
+    memory_mb: int | None = None  # the job's memory (per node), for its cgroup
 
     @property
     def key(self) -> AttemptKey:
@@ -350,6 +352,8 @@ class AttemptSpec:
             "job_kind": self.job_kind,
             "job_type": self.job_type,
             "gpu_memory_mb": self.gpu_memory_mb,
+            "owner": self.owner,
+            "memory_mb": self.memory_mb,
         }
 
     @classmethod
@@ -384,6 +388,8 @@ class AttemptSpec:
             job_kind=r.str("job_kind", required=False, default="other"),
             job_type=r.str("job_type", required=False) or None,
             gpu_memory_mb=r.float("gpu_memory_mb", required=False),
+            owner=r.str("owner", required=False, limit=150),
+            memory_mb=r.int("memory_mb", required=False, minimum=1),
         )
 
 

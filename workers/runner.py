@@ -52,6 +52,8 @@ import sys
 import threading
 import time
 
+from workers import isolation
+
 SPEC = "spec.json"
 RUNNER = "runner.json"
 JOB = "job.json"
@@ -161,6 +163,7 @@ class Runner:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None
         self.result: dict | None = None
+        self.isolation = isolation.JobLaunch(None)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._wake_r, False)
@@ -280,21 +283,27 @@ class Runner:
     def _start(self) -> bool:
         spec = self.spec
         log = str(spec["log"])
+        # Isolation (workers.isolation): the job's account, its private log and working
+        # directory, its cgroup; applied in the child before exec.
+        self.isolation = iso = isolation.JobLaunch(spec.get("isolation"))
         try:
-            os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
-            os.makedirs(str(spec["cwd"]), exist_ok=True)
+            iso.prepare(log, str(spec["cwd"]))
             with open(log, "ab") as out:
+                if iso.cgroup_error:
+                    out.write(f"[cosched] no cgroup limits: {iso.cgroup_error}\n".encode())
+                    out.flush()
                 self.proc = subprocess.Popen(
                     spec["argv"],
-                    env=dict(spec["env"]),
+                    env=iso.env(spec["env"], str(spec["cwd"])),
                     cwd=spec["cwd"],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
+                    preexec_fn=iso.preexec,  # the runner has one thread: fork-safe
                 )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             self._finish("launch_failed", None, f"cannot start the command: {exc}")
             return False
         self.started_at = time.time()
@@ -375,8 +384,10 @@ class Runner:
                 detail = "the node's lease ran out without renewal: the runner stopped the job"
                 code = self._stop(self.lease()[1], pidfd)
                 break
-        # Children that outlived the job's main process go with it.
+        # Children that outlived the job's main process go with it (and, with a cgroup, any
+        # process of the job that left its process group).
         self._signal_group(signal.SIGKILL)
+        self.isolation.cleanup()
         if outcome == "exited":
             detail = describe_status(code)
         else:

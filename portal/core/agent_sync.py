@@ -393,7 +393,7 @@ def _desired(node: Node, now: datetime) -> list[AttemptSpec]:
             placement__active=True,
             placement__job__state__in=list(PLACED),
         )
-        .select_related("placement", "placement__job")
+        .select_related("placement", "placement__job", "placement__job__owner")
         .order_by("placement__job_id")
     )
     if not parts:
@@ -479,6 +479,8 @@ def _spec(
         job_kind=job.kind,
         job_type=(job.params or {}).get("job_type") if isinstance(job.params, dict) else None,
         gpu_memory_mb=float(job.gpu_memory_mb) if job.gpu_memory_mb else None,
+        owner=job.owner.get_username(),  # the node maps it to a unix account (isolation)
+        memory_mb=job.memory_mb or None,
         **common,
     )
 
