@@ -74,6 +74,7 @@ from workers.launcher import LaunchError, build_env, new_reports, tail
 from workers.profiles import ProfileFormatError, profile_from_json, profiles_document
 from workers.protocol import (
     AUTH_SCHEME,
+    DEFAULT_STOP_GRACE_S,
     OUTCOMES,
     PROTOCOL_VERSION,
     RESULTS_PATH,
@@ -97,7 +98,8 @@ from workers.slowdown import live_slowdown
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 16 * 1024  # what the agent sends for the job page's live log
-KILL_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this many seconds (cancel, requeue)
+KILL_GRACE_S = DEFAULT_STOP_GRACE_S  # SIGTERM, then SIGKILL (until the portal says otherwise)
+CHECKPOINT_DIR_ENV = "COSCHED_CHECKPOINT_DIR"  # the job's directory kept across its attempts
 MAX_BUFFERED_SAMPLES = 20_000  # kept while the portal cannot be reached (oldest dropped)
 FOLLOW_UP_SYNCS = 4  # at most this many syncs in one step (after launches and stops)
 MARKER_ENV = "COSCHED_AGENT_ID"  # in every runner's and job's environment
@@ -202,12 +204,16 @@ class NodeAgent:
         mps_log_dir: Path | None = None,
         address: str | None = None,
         sample_every_s: float = 2.0,
+        checkpoint_root: Path | None = None,
     ) -> None:
         """``backend`` None: a node without GPUs (``kind`` "cpu"). Directories default to
         ``<data>/logs``, ``<data>/work`` and ``<data>/agent/<name>`` (``data_dir``: the
         parent of ``log_dir`` when given, else ``$COSCHED_DATA_DIR``, else ``./var``). MPS
         directories: the agent's own ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``
-        (NVIDIA's defaults without them) on ``nvml``, ``<data>/mps/<name>/...`` on ``virtual``."""
+        (NVIDIA's defaults without them) on ``nvml``, ``<data>/mps/<name>/...`` on ``virtual``.
+        ``checkpoint_root``: each job's ``COSCHED_CHECKPOINT_DIR`` is ``<root>/job-<id>``
+        (default ``$COSCHED_CHECKPOINT_ROOT``, else ``<data>/checkpoints``); a job resumes on
+        another node only if that node sees the same directory (shared storage)."""
         self.name = name
         self.backend = backend
         self.transport = transport
@@ -223,6 +229,11 @@ class NodeAgent:
         data_dir = Path(data_dir).absolute()
         self.log_dir = Path(log_dir) if log_dir is not None else data_dir / "logs"
         self.work_dir = Path(work_dir) if work_dir is not None else data_dir / "work"
+        if checkpoint_root is None:
+            env_root = os.environ.get("COSCHED_CHECKPOINT_ROOT")
+            checkpoint_root = Path(env_root) if env_root else data_dir / "checkpoints"
+        self.checkpoint_root = Path(checkpoint_root).absolute()
+        self.stop_grace_s = KILL_GRACE_S  # the portal's COSCHED_STOP_GRACE_S once it answered
         self.state_dir = Path(state_dir) if state_dir is not None else data_dir / "agent" / name
         self.attempts_dir = self.state_dir / "attempts"
         self.lease_file = self.state_dir / "lease.json"
@@ -494,6 +505,7 @@ class NodeAgent:
             self._send_info = True
             return reply
         self.sync_interval_s = reply.sync_interval_s
+        self.stop_grace_s = reply.stop_grace_s
         self.lease_deadline = sent + reply.lease_s
         self._write_lease(self.lease_deadline, reply.lease_kill_grace_s)
         if request.info is not None:
@@ -547,7 +559,8 @@ class NodeAgent:
                     a,
                     "killed",
                     f"attempt {key.attempt} of job {key.job_id} is no longer assigned to "
-                    f"{self.name} (cancelled, requeued or superseded)",
+                    f"{self.name} (preempted, cancelled, requeued or superseded)",
+                    self.stop_grace_s,
                 )
                 changed = True
         return changed
@@ -581,6 +594,9 @@ class NodeAgent:
                     "argv": ["/bin/sh", "-c", spec.command],
                     "env": env,
                     "cwd": str(workdir),
+                    "checkpoint_dir": env[CHECKPOINT_DIR_ENV],
+                    "time_limit_s": spec.time_limit_s,
+                    "time_limit_grace_s": self.stop_grace_s,
                     "log": str(log_path),
                     "log_offset": a.log_offset,
                     "lease_file": str(self.lease_file),
@@ -686,6 +702,7 @@ class NodeAgent:
         mps = placement.mode is SharingMode.MPS
         extra = {
             "COSCHED_ATTEMPT": str(spec.attempt),
+            CHECKPOINT_DIR_ENV: str(self.checkpoint_dir(spec.job_id)),
             MARKER_ENV: self.marker,
             **gang_env(spec),
             **dict(spec.env),
@@ -722,6 +739,11 @@ class NodeAgent:
             bin_dir = str(Path(sys.executable).parent)
             env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", os.defpath)])
         return env
+
+    def checkpoint_dir(self, job_id: int) -> Path:
+        """``<checkpoint root>/job-<id>``: the job's ``COSCHED_CHECKPOINT_DIR``, the same for
+        every attempt (created by the runner with the job's working directory)."""
+        return self.checkpoint_root / f"job-{job_id}"
 
     def log_path(self, job_id: int, node_rank: int = 0) -> Path:
         """``<log_dir>/job-<id>.log``: stdout and stderr of every attempt of the job (a gang's
@@ -1284,6 +1306,13 @@ def _parser() -> argparse.ArgumentParser:
         help="logs, job working directories and the agent's state (default $COSCHED_DATA_DIR)",
     )
     p.add_argument("--address", default=None, help="address other nodes reach this one at")
+    p.add_argument(
+        "--checkpoint-root",
+        default=os.environ.get("COSCHED_CHECKPOINT_ROOT"),
+        help="where each job's COSCHED_CHECKPOINT_DIR is made (default "
+        "$COSCHED_CHECKPOINT_ROOT, else <data-dir>/checkpoints); shared storage lets a "
+        "preempted job resume on another node",
+    )
     return p
 
 
@@ -1368,6 +1397,7 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=Path(opts.data_dir),
         address=opts.address,
         sample_every_s=opts.sample_every,
+        checkpoint_root=Path(opts.checkpoint_root) if opts.checkpoint_root else None,
     )
     stop = threading.Event()
 
