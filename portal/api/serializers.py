@@ -253,6 +253,11 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     elastic_min_workers = _bounded_int("elastic_min_workers", required=False, allow_null=True)
     elastic_max_workers = _bounded_int("elastic_max_workers", required=False, allow_null=True)
     time_limit = TimeLimitField(source="time_limit_s", required=False, allow_null=True)
+    end_label = serializers.CharField(
+        read_only=True,
+        help_text='why beside a final state: "time limit" for a job stopped at its time limit; '
+        "else empty",
+    )
     owner = serializers.CharField(source="owner.get_username", read_only=True)
     profile_name = serializers.CharField(
         source="profile.name", read_only=True, allow_null=True, default=None
@@ -297,6 +302,7 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "exit_code",
             "failure_reason",
             "requeue_count",
+            "end_label",
             "waiting_reason",
             "profile_name",
             "placement",

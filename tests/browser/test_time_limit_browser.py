@@ -1,0 +1,67 @@
+"""In a real browser: a job submitted with a time limit through the form runs for real (the
+embedded loop: scheduling cycles and an in-process node agent whose job is a real subprocess)
+and, once past its limit, is stopped and shows ``FAILED (time limit)`` on its page, which the
+page's own refresh brings without a reload. Screenshots go to var/test-artifacts/screenshots/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from portal.core.models import Job, Node
+from tests.browser.helpers import login, screenshot, wait_for
+from tests.embedded import embedded_loop
+
+By = pytest.importorskip("selenium.webdriver.common.by").By
+
+NODE = "browser-cpu-1"
+LIVE_WAIT_S = 40.0  # a loaded 2-core machine; the job page refreshes every 3 s
+
+
+@pytest.fixture
+def embedded(transactional_db, settings, tmp_path) -> Iterator[list[Any]]:
+    Node.objects.create(name=NODE, kind="cpu", cores=4, memory_mb=8192, backend="virtual")
+    settings.COSCHED = {**settings.COSCHED, "STOP_GRACE_S": 1.0}
+    with embedded_loop(settings, tmp_path / "logs") as agents:
+        assert [a.name for a in agents] == [NODE]
+        yield agents
+
+
+def test_a_job_over_its_time_limit_ends_failed_time_limit(browser, live_server, alice, embedded):
+    login(browser, live_server, alice, "alice-pass-123")
+    browser.get(f"{live_server.url}/jobs/new/")
+    wait_for(browser, lambda b: b.find_elements(By.ID, "id_time_limit"), "the submit form")
+    browser.find_element(By.ID, "id_name").send_keys("too-long")
+    browser.find_element(By.ID, "id_command").send_keys("echo started; sleep 120")
+    browser.find_element(By.ID, "id_time_limit").send_keys("3s")
+    screenshot(browser, "1-submit-with-time-limit")
+    browser.find_element(By.CSS_SELECTOR, ".form-actions button[type=submit]").click()
+    wait_for(browser, lambda b: "/jobs/new/" not in b.current_url, "leaving the submit form")
+    job = Job.objects.get(name="too-long")
+    assert job.time_limit_s == 3 and job.gpus == 0
+    assert browser.current_url == f"{live_server.url}/jobs/{job.pk}/"
+    assert browser.find_element(By.ID, "job-time-limit").text.startswith("00:00:03")
+
+    # The page's own refresh shows it RUNNING, then FAILED (time limit): no reload.
+    state = lambda b: b.find_element(By.ID, "job-state").text  # noqa: E731
+    wait_for(browser, lambda b: state(b) == "RUNNING", "the job RUNNING", LIVE_WAIT_S)
+    screenshot(browser, "2-running")
+    wait_for(
+        browser, lambda b: state(b) == "FAILED (time limit)", "FAILED (time limit)", LIVE_WAIT_S
+    )
+    screenshot(browser, "3-failed-time-limit")
+
+    job.refresh_from_db()
+    assert job.state == "FAILED" and job.failure_reason.startswith(
+        "time limit: time limit 00:00:03"
+    )
+    browser.refresh()
+    wait_for(browser, lambda b: b.find_elements(By.CSS_SELECTOR, "dd.failure"), "the reason")
+    assert "time limit 00:00:03 reached" in browser.find_element(By.CSS_SELECTOR, "dd.failure").text
+    assert state(browser) == "FAILED (time limit)"
+    outcome = browser.find_element(By.CSS_SELECTOR, "#attempts tbody tr").text
+    assert "Failed" in outcome and "time limit" in outcome
+    screenshot(browser, "4-after-reload")
