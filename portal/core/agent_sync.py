@@ -295,7 +295,7 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
             actor,
             f"{result.detail} on {node.name}{rank}",
             exit_code=result.exit_code,
-            failure_reason=f"{TIME_LIMIT_REASON}: {result.detail}{rank}",
+            failure_reason=_time_limit_reason(result.detail) + rank,
         )
     elif result.outcome == "launch_failed":
         _finish(
@@ -305,6 +305,13 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
         _finish(job, JobState.PENDING, actor, f"{where}{rank} ended: {result.detail}")
     emit_nudges({p.node.name for p in placement.parts.all()} - {node.name}, f"job {job.pk} ended")
     emit_schedule(f"job {job.pk} finished")
+
+
+def _time_limit_reason(detail: str) -> str:
+    """``Job.failure_reason`` of a job stopped at its time limit: it begins "time limit"."""
+    if detail.startswith(TIME_LIMIT_REASON):
+        return detail
+    return f"{TIME_LIMIT_REASON}: {detail}"
 
 
 def _finish(job: Job, target: JobState, actor: str, message: str, **fields: Any) -> None:

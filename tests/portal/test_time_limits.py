@@ -148,12 +148,32 @@ def test_an_attempt_stopped_at_its_limit_fails_the_job_with_reason_time_limit(cl
     )
     job.refresh_from_db()
     assert job.state == "FAILED" and job.exit_code == -15
-    assert job.failure_reason.startswith("time limit: time limit 00:01:00 reached")
+    assert job.failure_reason.startswith("time limit 00:01:00 reached")
     assert job.end_label == "time limit"
     assert job.placements.get().outcome == "failed"
+    assert client_json(alice, job)["end_label"] == "time limit"
     client.force_login(alice)
     page = client.get(f"/jobs/{job.pk}/").content.decode()
     assert re.search(r'id="job-state">FAILED \(time limit\)</span>', page)
+
+
+def client_json(user, job: Job) -> dict:
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(user=user)
+    return api.get(f"/api/v1/jobs/{job.pk}/").json()
+
+
+def test_an_attempt_stopped_by_a_runner_without_the_words_still_says_time_limit(alice):
+    job, seq = _running_on_node(alice, 60)
+    result = AttemptResult(job.pk, 1, "time_limit", time.time(), -9, "stopped (killed by SIGKILL)")
+    agent_sync(
+        SyncRequest(node="gpu-1", instance="t", seq=seq, sent_at=time.time(), results=(result,))
+    )
+    job.refresh_from_db()
+    assert job.failure_reason == "time limit: stopped (killed by SIGKILL)"
+    assert job.end_label == "time limit" and job.exit_code == -9
 
 
 def test_cosched_submit_time_limit_overrides_the_job_file(live_server, alice, tmp_path):

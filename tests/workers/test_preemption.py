@@ -188,7 +188,7 @@ def test_a_job_past_its_time_limit_is_stopped_and_fails_with_reason_time_limit(a
     took = time.monotonic() - started
     assert not _alive(pid)
     assert job.state == "FAILED" and job.end_label == "time limit"
-    assert job.failure_reason.startswith("time limit: time limit 00:00:01 reached")
+    assert job.failure_reason.startswith("time limit 00:00:01 reached")
     assert job.exit_code == -15  # sleep ended by the SIGTERM
     assert 0.9 <= took < 10
     part = _part(job)
