@@ -503,7 +503,8 @@ def cmd_wait(
             detail.append(f"exit code {job['exit_code']}")
         if job.get("failure_reason"):
             detail.append(job["failure_reason"])
-        out.write(f"Job {args.id} {state}" + (f": {'; '.join(detail)}" if detail else "") + "\n")
+        label = f"{state} ({job['end_label']})" if job.get("end_label") else state
+        out.write(f"Job {args.id} {label}" + (f": {'; '.join(detail)}" if detail else "") + "\n")
     return EXIT_OK if state == "COMPLETED" else EXIT_JOB_NOT_COMPLETED
 
 

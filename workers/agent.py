@@ -100,6 +100,7 @@ log = logging.getLogger(__name__)
 LOG_TAIL_BYTES = 16 * 1024  # what the agent sends for the job page's live log
 KILL_GRACE_S = DEFAULT_STOP_GRACE_S  # SIGTERM, then SIGKILL (until the portal says otherwise)
 CHECKPOINT_DIR_ENV = "COSCHED_CHECKPOINT_DIR"  # the job's directory kept across its attempts
+TIME_LIMIT_ENV = "COSCHED_TIME_LIMIT_S"  # the attempt's time limit (s), when it has one
 MAX_BUFFERED_SAMPLES = 20_000  # kept while the portal cannot be reached (oldest dropped)
 FOLLOW_UP_SYNCS = 4  # at most this many syncs in one step (after launches and stops)
 MARKER_ENV = "COSCHED_AGENT_ID"  # in every runner's and job's environment
@@ -703,6 +704,7 @@ class NodeAgent:
         extra = {
             "COSCHED_ATTEMPT": str(spec.attempt),
             CHECKPOINT_DIR_ENV: str(self.checkpoint_dir(spec.job_id)),
+            **({TIME_LIMIT_ENV: f"{spec.time_limit_s:g}"} if spec.time_limit_s else {}),
             MARKER_ENV: self.marker,
             **gang_env(spec),
             **dict(spec.env),

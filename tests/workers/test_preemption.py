@@ -218,3 +218,35 @@ def test_paused_time_does_not_count_toward_the_time_limit(alice, node, agent):
     services.job_resume(Job.objects.get(pk=job.pk), actor="user:alice")
     job = _step_until(agent, job, "FAILED", "COMPLETED", timeout=20)
     assert job.end_label == "time limit"
+
+
+def test_the_next_attempt_waits_until_the_preempted_one_has_stopped(alice, node, agent, tmp_path):
+    """Placed again at once (the job is PENDING the moment it is preempted), attempt 2 is not
+    launched while attempt 1 still runs out its grace: one running attempt at a time."""
+    out = tmp_path / "attempts"
+    command = (
+        f'echo "$COSCHED_ATTEMPT $COSCHED_TIME_LIMIT_S $COSCHED_CHECKPOINT_DIR" >> {out}; '
+        "trap '' TERM; sleep 60"
+    )
+    job = _job(alice, node, command)
+    Job.objects.filter(pk=job.pk).update(time_limit_s=600)
+    pid1 = _job_pid(agent, job)
+    agent.step()
+    services.job_preempt(Job.objects.get(pk=job.pk), actor="scheduler", reason="test")
+    assert scheduling.run_cycle(seed=1).placed == [job.pk]  # attempt 2, at once
+
+    deadline = time.monotonic() + GRACE_S * 0.8
+    while time.monotonic() < deadline:  # attempt 1 ignores SIGTERM and runs out its grace
+        agent.step()
+        assert _alive(pid1)
+        assert [k.attempt for k in agent.running()] == [1]  # attempt 2 not started
+        time.sleep(0.1)
+    _wait(lambda: agent.step() and [k.attempt for k in agent.running()] == [2], what="attempt 2")
+    assert not _alive(pid1)
+    job = _step_until(agent, job, "RUNNING")
+    first, second = _part(job, 1), _part(job, 2)
+    assert first.outcome == "killed" and first.exit_code == -9
+    assert second.started_at >= first.settled_at
+    lines = _wait(lambda: len(out.read_text().splitlines()) == 2 and out.read_text().splitlines())
+    checkpoint_dir = str(agent.checkpoint_dir(job.pk))
+    assert lines == [f"1 600 {checkpoint_dir}", f"2 600 {checkpoint_dir}"]
