@@ -91,6 +91,17 @@ def test_a_profile_gives_its_default_time_limit_unless_the_job_gives_one(alice, 
     assert job.time_limit_s == 1800
 
 
+def test_the_profile_default_shows_on_its_page_and_in_the_admin(client, staff):
+    profile = ApplicationProfile.objects.create(
+        name="p", status="approved", default_time_limit_s=5400
+    )
+    client.force_login(staff)
+    page = client.get(f"/profiles/{profile.pk}/").content.decode()
+    assert re.search(r'id="profile-time-limit">01:30:00<', page)
+    admin = client.get(f"/admin/core/applicationprofile/{profile.pk}/change/").content.decode()
+    assert 'name="default_time_limit_s" value="5400"' in admin
+
+
 def test_a_profile_import_refuses_a_bad_default_time_limit():
     from portal.core.importers import ProfileImportError
 

@@ -95,3 +95,30 @@ def test_a_policy_may_take_the_time_limit_as_the_work_estimate():
     assert profiled.work_estimate_s("V100") == 90.0  # the profile's measured time first
     assert profiled.work_estimate_s("K80") == 600.0  # no time there: the declared bound
     assert JobSpec(id="3").work_estimate_s("V100") is None
+
+
+def test_a_running_jobs_time_limit_bounds_its_predicted_end():
+    """The framework's waiting reasons: a job with a time limit ends at the latest when the
+    limit runs out (its node stops it), profiled or not."""
+    from scheduler.domain import ClusterState, Placement, RunningJob
+    from tests.scheduler.test_gangs import busy, gang, gpu_node, plan_of
+
+    def reason(job: JobSpec, progress: float = 0.0) -> str:
+        state = ClusterState(
+            100.0,
+            (gpu_node("v0", "V100", 4), gpu_node("v1", "V100", 4, gpus=busy("v1", [0, 1, 2], "9"))),
+            pending=(gang("g", 8),),
+            running=(RunningJob(job, Placement("9", "v1", (0, 1, 2)), 0.0, progress=progress),),
+        )
+        return plan_of(state).waiting["g"]
+
+    unbounded = JobSpec(id="9", gpus=3)
+    assert "only 0 of the 3 busy GPUs have a predicted end" in reason(unbounded)
+    assert "nor a time limit" in reason(unbounded)
+    limited = JobSpec(id="9", gpus=3, time_limit_s=1300.0)  # started at 0: ends by 1300
+    assert "3 more expected in about 20 min when job 9 is predicted to end" in reason(limited)
+    profiled = JobSpec(
+        id="9", gpus=3, time_limit_s=1300.0, profile=Profile("x", gpu_time_s={"V100": 3000.0})
+    )
+    assert "about 20 min" in reason(profiled, progress=0.5)  # 1500 s left, the limit says 1200
+    assert "about 20 min" not in reason(JobSpec(id="9", gpus=3, profile=profiled.profile), 0.5)
