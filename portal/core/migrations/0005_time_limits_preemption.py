@@ -4,25 +4,38 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('core', '0004_attempts_leases_outbox'),
+        ("core", "0004_attempts_leases_outbox"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='applicationprofile',
-            name='default_time_limit_s',
-            field=models.PositiveIntegerField(blank=True, help_text='seconds; jobs that give no time limit get this one', null=True),
+            model_name="applicationprofile",
+            name="default_time_limit_s",
+            field=models.PositiveIntegerField(
+                blank=True,
+                help_text="seconds; jobs that give no time limit get this one",
+                null=True,
+            ),
         ),
         migrations.AddField(
-            model_name='job',
-            name='time_limit_s',
-            field=models.PositiveIntegerField(blank=True, help_text='seconds', null=True),
+            model_name="job",
+            name="time_limit_s",
+            field=models.PositiveIntegerField(blank=True, help_text="seconds", null=True),
         ),
         migrations.AlterField(
-            model_name='placement',
-            name='outcome',
-            field=models.CharField(blank=True, choices=[('completed', 'Completed'), ('failed', 'Failed'), ('cancelled', 'Cancelled'), ('requeued', 'Requeued'), ('preempted', 'Preempted')], max_length=16),
+            model_name="placement",
+            name="outcome",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("completed", "Completed"),
+                    ("failed", "Failed"),
+                    ("cancelled", "Cancelled"),
+                    ("requeued", "Requeued"),
+                    ("preempted", "Preempted"),
+                ],
+                max_length=16,
+            ),
         ),
     ]

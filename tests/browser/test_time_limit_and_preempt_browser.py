@@ -1,7 +1,9 @@
 """In a real browser: a job submitted with a time limit through the form runs for real (the
 embedded loop: scheduling cycles and an in-process node agent whose job is a real subprocess)
 and, once past its limit, is stopped and shows ``FAILED (time limit)`` on its page, which the
-page's own refresh brings without a reload. Screenshots go to var/test-artifacts/screenshots/.
+page's own refresh brings without a reload. A staff member preempts a running emulated job
+with the job page's button: the attempts table lists the preempted attempt with the reason, and
+attempt 2 resumes from the checkpoint. Screenshots go to var/test-artifacts/screenshots/.
 """
 
 from __future__ import annotations
@@ -70,3 +72,51 @@ def test_a_job_over_its_time_limit_ends_failed_time_limit(browser, live_server, 
     outcome = browser.find_element(By.CSS_SELECTOR, "#attempts tbody tr").text
     assert "Failed" in outcome and "time limit" in outcome
     screenshot(browser, "4-after-reload")
+
+
+def test_staff_preempt_a_running_job_from_its_page_and_it_resumes(
+    browser, live_server, alice, staff, embedded
+):
+    from portal.core.services import job_submit
+
+    command = (
+        "exec python -m workers.emulate --profile b --duration 8 --report-every 0.2 "
+        "--checkpoint-every 0.3"
+    )
+    job, _ = job_submit(alice, name="preempt-me", command=command)
+    agent = embedded[0]
+    checkpoint = agent.checkpoint_dir(job.pk) / "emulate.json"
+    login(browser, live_server, staff, "sam-pass-123")
+    browser.get(f"{live_server.url}/jobs/{job.pk}/")
+    state = lambda b: b.find_element(By.ID, "job-state").text  # noqa: E731
+    wait_for(browser, lambda b: state(b) == "RUNNING", "the job RUNNING", LIVE_WAIT_S)
+    wait_for(browser, lambda b: checkpoint.exists(), "a first checkpoint", LIVE_WAIT_S)
+
+    form = browser.find_element(By.ID, "preempt-form")
+    form.find_element(By.NAME, "reason").send_keys("browser test: make room")
+    screenshot(browser, "1-preempt")
+    form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    wait_for(
+        browser,
+        lambda b: "back in the queue" in b.find_element(By.TAG_NAME, "body").text,
+        "the confirmation",
+    )
+
+    def two_attempts(b) -> list[str] | None:
+        b.refresh()
+        rows = b.find_elements(By.CSS_SELECTOR, "#attempts tbody tr")
+        texts = [r.text for r in rows]
+        return texts if len(texts) == 2 and "current" in texts[1] else None
+
+    rows = wait_for(browser, two_attempts, "attempt 2 placed", LIVE_WAIT_S)
+    assert rows[0].startswith("1 ") and "Preempted" in rows[0]
+    assert "browser test: make room" in rows[0] and NODE in rows[0]
+    assert "requeued 1" in browser.find_element(By.CSS_SELECTOR, ".page-head").text
+    browser.execute_script("document.getElementById('attempts').scrollIntoView()")
+    screenshot(browser, "2-attempts")
+    wait_for(
+        browser,
+        lambda b: "resumed_from=0." in agent.log_path(job.pk).read_text().split("attempt 2")[-1],
+        "attempt 2 resuming from the checkpoint",
+        LIVE_WAIT_S,
+    )
