@@ -161,6 +161,7 @@ class _Attempt:
     iter_time_s: float | None = None
     active_s: float | None = None
     run_s: float | None = None  # the emulator's own solo run time (scaled), when it says
+    resumed_from: float = 0.0  # fraction of the work done by earlier attempts (a checkpoint)
     pidfd: int | None = field(default=None, repr=False)
 
     @property
@@ -173,14 +174,21 @@ class _Attempt:
 
     def solo_time_s(self) -> float | None:
         """Solo run time (s) for ALGORITHMS.md §5: what the job says it needs alone (the
-        emulator's ``run_s``), else the profile's time on this GPU model (or CPU time)."""
+        emulator's ``run_s``), else the profile's time on this GPU model (or CPU time); for an
+        attempt that resumed from a checkpoint, the share of it still to do."""
         if self.run_s:
-            return float(self.run_s)
-        if self.profile is None:
+            solo: float | None = float(self.run_s)
+        elif self.profile is None:
             return None
-        if self.spec.part.gpu_indices:
-            return self.profile.gpu_time_s.get(self.spec.gpu_model or "")
-        return self.profile.cpu_time_s
+        elif self.spec.part.gpu_indices:
+            solo = self.profile.gpu_time_s.get(self.spec.gpu_model or "")
+        else:
+            solo = self.profile.cpu_time_s
+        if solo is not None and 0.0 < self.resumed_from < 1.0:
+            # A resumed attempt has only the rest of the work to do: its Slow-Down is measured
+            # against that share (else it would read below 1).
+            solo *= 1.0 - self.resumed_from
+        return solo
 
 
 class NodeAgent:
@@ -903,6 +911,7 @@ class NodeAgent:
         for report in reports:
             if report.event == "start":
                 a.run_s = _float(report.get("run_s")) or a.run_s
+                a.resumed_from = _float(report.get("resumed_from")) or 0.0
             elif report.event in ("progress", "epoch", "done", "fail", "term"):
                 fraction = _float(report.get("fraction"))
                 if report.event == "done":

@@ -25,6 +25,7 @@ from tests.workers.test_agent import (  # noqa: F401  (fixtures)
     _clean_store,
     _job,
     _job_pid,
+    _metric,
     _part,
     _proc_state,
     _step_until,
@@ -107,6 +108,9 @@ def test_a_preempted_emulated_job_is_requeued_and_resumes_from_its_checkpoint(
     assert float(start["resumed_from"]) == pytest.approx(at_stop, abs=1e-6)  # not restarted
     assert float(_start_line(agent, job, 1)["resumed_from"]) == 0.0
     assert _checkpoint(agent, job)["attempt"] == "2"  # COSCHED_ATTEMPT reached the job
+    # The live Slow-Down of attempt 2 counts only the work left to it (never far below 1).
+    slowdown = _metric("slowdown", job=job)
+    assert slowdown and min(slowdown) >= 0.85, slowdown
 
     # Both attempts in the API and on the page, the first with why it was preempted.
     client.force_login(alice)
