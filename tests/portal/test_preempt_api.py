@@ -65,6 +65,14 @@ def test_only_staff_preempt_and_only_placed_jobs(staff_api, alice_api, alice):
     assert staff_api.post("/api/v1/jobs/999999/preempt/").status_code == 404
 
 
+def test_the_schema_documents_the_preempt_action(staff_api):
+    schema = staff_api.get("/api/schema/", HTTP_ACCEPT="application/json").json()
+    operation = schema["paths"]["/api/v1/jobs/{id}/preempt/"]["post"]
+    assert operation["summary"] == "Preempt a job (staff)"
+    assert {"200", "403", "404", "409"} <= set(operation["responses"])
+    assert "COSCHED_CHECKPOINT_DIR" in operation["description"]
+
+
 def test_the_job_page_offers_staff_a_preempt_button(client, staff, alice):
     job = _running(alice)
     client.force_login(alice)
