@@ -36,6 +36,7 @@ from tests.workers.test_agent import (  # noqa: F401  (fixtures)
     profile,
     transport,
 )
+from workers.agent import kill_marked_processes
 
 GRACE_S = 1.5
 
@@ -254,3 +255,70 @@ def test_the_next_attempt_waits_until_the_preempted_one_has_stopped(alice, node,
     lines = _wait(lambda: len(out.read_text().splitlines()) == 2 and out.read_text().splitlines())
     checkpoint_dir = str(agent.checkpoint_dir(job.pk))
     assert lines == [f"1 600 {checkpoint_dir}", f"2 600 {checkpoint_dir}"]
+
+
+def test_a_preempted_gang_stops_every_rank_before_it_runs_again(alice, tmp_path):
+    """Preemption is generic: a gang's ranks on two nodes all get SIGTERM, and the next
+    attempt starts on no node until every rank of the preempted one has stopped."""
+    from tests.workers import test_gang
+
+    agents = _gang_agents(tmp_path)
+    try:
+        job = test_gang._gang(alice, "trap 'sleep 0.5; exit 0' TERM; sleep 60 & wait")
+        pids = test_gang._pids(agents, job)
+        test_gang._until(agents, lambda: test_gang._state(job) == "RUNNING", what="the gang")
+        services.job_preempt(Job.objects.get(pk=job.pk), actor="quota", reason="reclaim")
+        assert scheduling.run_cycle(seed=1).placed == [job.pk]  # placed again at once
+        test_gang._until(
+            agents,
+            lambda: (
+                not any(_alive(p) for p in pids)
+                or any(k.attempt == 2 for a in agents for k in a.running())
+            ),
+            what="the ranks of attempt 1 to stop",
+        )
+        assert not any(_alive(p) for p in pids)  # no rank of attempt 2 before that
+        test_gang._until(
+            agents,
+            lambda: sorted(k.attempt for a in agents for k in a.running()) == [2, 2],
+            what="both ranks of attempt 2",
+        )
+        first = Placement.objects.get(job=job, attempt=1)
+        assert first.outcome == "preempted" and first.end_reason == "reclaim"
+        settled = [p.settled_at for p in first.parts.all()]
+        started = [p.started_at for p in Placement.objects.get(job=job, attempt=2).parts.all()]
+        assert all(settled) and all(started) and min(started) >= max(settled)
+    finally:
+        for a in agents:
+            a.shutdown(kill_jobs=True)
+            kill_marked_processes(a.marker)
+
+
+def _gang_agents(tmp_path) -> list:
+    """The two nodes and agents of ``tests/workers/test_gang.py`` (its fixture, made here)."""
+    from portal.core.agent_sync import InProcessTransport
+    from portal.core.models import Gpu, Node
+    from scheduler.catalog import gpu_spec
+    from tests.workers.test_gang import NODES
+    from workers.agent import NodeAgent
+    from workers.gpu.virtual_backend import VirtualBackend
+
+    made = []
+    for i, name in enumerate(NODES):
+        node = Node.objects.create(name=name, kind="gpu", cores=8, address=f"10.0.0.{i + 1}")
+        for index in range(2):
+            Gpu.objects.create(
+                node=node, index=index, model="V100", memory_mb=gpu_spec("V100").memory_mb
+            )
+        made.append(
+            NodeAgent(
+                name,
+                VirtualBackend("V100x2", node=name),
+                InProcessTransport(),
+                cores=8,
+                data_dir=tmp_path / name,
+                address=f"10.0.0.{i + 1}",
+                sample_every_s=0.0,
+            )
+        )
+    return made
