@@ -190,6 +190,9 @@ class JobSpec:
     elastic_min: int | None = None
     elastic_max: int | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    # The user's time limit (s, per attempt; ``scheduler.durations``): the node stops the job
+    # when it runs longer. An upper bound of its run time that policies may use as an estimate.
+    time_limit_s: float | None = None
 
     def memory_need_mb(self) -> float:
         """GPU memory per GPU this job needs: asked, else profiled max, else 0."""
@@ -212,6 +215,12 @@ class JobSpec:
         if spread and gpu_model is not None:
             return self.profile.spread_time_s(gpu_model, speed)[0]
         return self.profile.solo_time_s(gpu_model)
+
+    def work_estimate_s(self, gpu_model: str | None) -> float | None:
+        """What a policy may take as this job's run time on ``gpu_model``: the profile's solo
+        time there, else the user's time limit (an upper bound the user declared), else None."""
+        solo = self.solo_time_s(gpu_model)
+        return solo if solo is not None else self.time_limit_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,6 +75,7 @@ from workers.launcher import LaunchError, build_env, is_portal_variable, new_rep
 from workers.profiles import ProfileFormatError, profile_from_json, profiles_document
 from workers.protocol import (
     AUTH_SCHEME,
+    DEFAULT_STOP_GRACE_S,
     OUTCOMES,
     PROTOCOL_VERSION,
     RESULTS_PATH,
@@ -98,7 +99,9 @@ from workers.slowdown import live_slowdown
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 16 * 1024  # what the agent sends for the job page's live log
-KILL_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this many seconds (cancel, requeue)
+KILL_GRACE_S = DEFAULT_STOP_GRACE_S  # SIGTERM, then SIGKILL (until the portal says otherwise)
+CHECKPOINT_DIR_ENV = "COSCHED_CHECKPOINT_DIR"  # the job's directory kept across its attempts
+TIME_LIMIT_ENV = "COSCHED_TIME_LIMIT_S"  # the attempt's time limit (s), when it has one
 MAX_BUFFERED_SAMPLES = 20_000  # kept while the portal cannot be reached (oldest dropped)
 FOLLOW_UP_SYNCS = 4  # at most this many syncs in one step (after launches and stops)
 MARKER_ENV = "COSCHED_AGENT_ID"  # in every runner's and job's environment
@@ -159,6 +162,7 @@ class _Attempt:
     iter_time_s: float | None = None
     active_s: float | None = None
     run_s: float | None = None  # the emulator's own solo run time (scaled), when it says
+    resumed_from: float = 0.0  # fraction of the work done by earlier attempts (a checkpoint)
     pidfd: int | None = field(default=None, repr=False)
 
     @property
@@ -171,14 +175,21 @@ class _Attempt:
 
     def solo_time_s(self) -> float | None:
         """Solo run time (s) for ALGORITHMS.md §5: what the job says it needs alone (the
-        emulator's ``run_s``), else the profile's time on this GPU model (or CPU time)."""
+        emulator's ``run_s``), else the profile's time on this GPU model (or CPU time); for an
+        attempt that resumed from a checkpoint, the share of it still to do."""
         if self.run_s:
-            return float(self.run_s)
-        if self.profile is None:
+            solo: float | None = float(self.run_s)
+        elif self.profile is None:
             return None
-        if self.spec.part.gpu_indices:
-            return self.profile.gpu_time_s.get(self.spec.gpu_model or "")
-        return self.profile.cpu_time_s
+        elif self.spec.part.gpu_indices:
+            solo = self.profile.gpu_time_s.get(self.spec.gpu_model or "")
+        else:
+            solo = self.profile.cpu_time_s
+        if solo is not None and 0.0 < self.resumed_from < 1.0:
+            # A resumed attempt has only the rest of the work to do: its Slow-Down is measured
+            # against that share (else it would read below 1).
+            solo *= 1.0 - self.resumed_from
+        return solo
 
 
 class NodeAgent:
@@ -205,6 +216,7 @@ class NodeAgent:
         sample_every_s: float = 2.0,
         job_users: JobUsers | None = None,
         limits: Limits | None = None,
+        checkpoint_root: Path | None = None,
     ) -> None:
         """``backend`` None: a node without GPUs (``kind`` "cpu"). Directories default to
         ``<data>/logs``, ``<data>/work`` and ``<data>/agent/<name>`` (``data_dir``: the
@@ -213,7 +225,11 @@ class NodeAgent:
         (NVIDIA's defaults without them) on ``nvml``, ``<data>/mps/<name>/...`` on ``virtual``.
         ``job_users``: which unix account runs whose job (default: every job as this process's
         own account); ``limits``: how cores and memory are limited (default: detected at
-        ``start``; ``workers.isolation``)."""
+        ``start``; ``workers.isolation``).
+
+        ``checkpoint_root``: each job's ``COSCHED_CHECKPOINT_DIR`` is ``<root>/job-<id>``
+        (default ``$COSCHED_CHECKPOINT_ROOT``, else ``<data>/checkpoints``); a job resumes on
+        another node only if that node sees the same directory (shared storage)."""
         self.name = name
         self.backend = backend
         self.transport = transport
@@ -229,6 +245,11 @@ class NodeAgent:
         data_dir = Path(data_dir).absolute()
         self.log_dir = Path(log_dir) if log_dir is not None else data_dir / "logs"
         self.work_dir = Path(work_dir) if work_dir is not None else data_dir / "work"
+        if checkpoint_root is None:
+            env_root = os.environ.get("COSCHED_CHECKPOINT_ROOT")
+            checkpoint_root = Path(env_root) if env_root else data_dir / "checkpoints"
+        self.checkpoint_root = Path(checkpoint_root).absolute()
+        self.stop_grace_s = KILL_GRACE_S  # the portal's COSCHED_STOP_GRACE_S once it answered
         self.state_dir = Path(state_dir) if state_dir is not None else data_dir / "agent" / name
         self.attempts_dir = self.state_dir / "attempts"
         self.lease_file = self.state_dir / "lease.json"
@@ -511,6 +532,7 @@ class NodeAgent:
             self._send_info = True
             return reply
         self.sync_interval_s = reply.sync_interval_s
+        self.stop_grace_s = reply.stop_grace_s
         self.lease_deadline = sent + reply.lease_s
         self._write_lease(self.lease_deadline, reply.lease_kill_grace_s)
         if request.info is not None:
@@ -564,7 +586,8 @@ class NodeAgent:
                     a,
                     "killed",
                     f"attempt {key.attempt} of job {key.job_id} is no longer assigned to "
-                    f"{self.name} (cancelled, requeued or superseded)",
+                    f"{self.name} (preempted, cancelled, requeued or superseded)",
+                    self.stop_grace_s,
                 )
                 changed = True
         return changed
@@ -599,6 +622,9 @@ class NodeAgent:
                     "argv": ["/bin/sh", "-c", spec.command],
                     "env": env,
                     "cwd": str(workdir),
+                    "checkpoint_dir": env[CHECKPOINT_DIR_ENV],
+                    "time_limit_s": spec.time_limit_s,
+                    "time_limit_grace_s": self.stop_grace_s,
                     "log": str(log_path),
                     "log_offset": a.log_offset,
                     "lease_file": str(self.lease_file),
@@ -718,6 +744,8 @@ class NodeAgent:
         mps = placement.mode is SharingMode.MPS
         extra = {
             "COSCHED_ATTEMPT": str(spec.attempt),
+            CHECKPOINT_DIR_ENV: str(self.checkpoint_dir(spec.job_id)),
+            **({TIME_LIMIT_ENV: f"{spec.time_limit_s:g}"} if spec.time_limit_s else {}),
             MARKER_ENV: self.marker,
             **gang_env(spec),
             **dict(spec.env),
@@ -754,6 +782,11 @@ class NodeAgent:
             bin_dir = str(Path(sys.executable).parent)
             env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", os.defpath)])
         return env
+
+    def checkpoint_dir(self, job_id: int) -> Path:
+        """``<checkpoint root>/job-<id>``: the job's ``COSCHED_CHECKPOINT_DIR``, the same for
+        every attempt (created by the runner with the job's working directory)."""
+        return self.checkpoint_root / f"job-{job_id}"
 
     def log_path(self, job_id: int, node_rank: int = 0) -> Path:
         """``<log_dir>/job-<id>.log``: stdout and stderr of every attempt of the job (a gang's
@@ -911,6 +944,7 @@ class NodeAgent:
         for report in reports:
             if report.event == "start":
                 a.run_s = _float(report.get("run_s")) or a.run_s
+                a.resumed_from = _float(report.get("resumed_from")) or 0.0
             elif report.event in ("progress", "epoch", "done", "fail", "term"):
                 fraction = _float(report.get("fraction"))
                 if report.event == "done":
@@ -1356,6 +1390,13 @@ def _parser() -> argparse.ArgumentParser:
         help="cgroup v2 directory under which each job gets its own (default "
         "$COSCHED_CGROUP_ROOT, else <cgroup2 mount>/cosched; without a usable one: rlimits)",
     )
+    p.add_argument(
+        "--checkpoint-root",
+        default=os.environ.get("COSCHED_CHECKPOINT_ROOT"),
+        help="where each job's COSCHED_CHECKPOINT_DIR is made (default "
+        "$COSCHED_CHECKPOINT_ROOT, else <data-dir>/checkpoints); shared storage lets a "
+        "preempted job resume on another node",
+    )
     return p
 
 
@@ -1465,6 +1506,7 @@ def main(argv: list[str] | None = None) -> int:
         sample_every_s=opts.sample_every,
         job_users=job_users,
         limits=limits,
+        checkpoint_root=Path(opts.checkpoint_root) if opts.checkpoint_root else None,
     )
     stop = threading.Event()
 

@@ -44,6 +44,7 @@ import os
 import pwd
 import resource
 import time
+from collections.abc import Iterable
 
 OWNER = "owner"
 FALLBACK_ACCOUNT = "cosched-job"
@@ -412,9 +413,11 @@ class JobLaunch:
             return None
         return self.account
 
-    def prepare(self, log: str, cwd: str) -> None:
+    def prepare(self, log: str, cwd: str, private_dirs: Iterable[str] = ()) -> None:
         """The log (0600) and the working directory (0700) owned by the job's account, the
-        directories above them traversable only; the job's cgroup. Raises OSError."""
+        directories above them traversable only; the job's cgroup. ``private_dirs`` (such as
+        the checkpoint directory kept across attempts) are made 0700 and owned by the account
+        too. Raises OSError."""
         for parent in {os.path.dirname(log), os.path.dirname(cwd.rstrip("/"))}:
             if parent:
                 os.makedirs(parent, exist_ok=True)
@@ -425,10 +428,14 @@ class JobLaunch:
                 os.fchown(fd, target.uid, target.gid)
         finally:
             os.close(fd)
-        os.makedirs(cwd, mode=0o700, exist_ok=True)
-        if (target := self.target) is not None:
-            os.chown(cwd, target.uid, target.gid, follow_symlinks=False)
-        os.chmod(cwd, 0o700)
+        for directory in dict.fromkeys([cwd, *private_dirs]):
+            parent = os.path.dirname(directory.rstrip("/"))
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            if (target := self.target) is not None:
+                os.chown(directory, target.uid, target.gid, follow_symlinks=False)
+            os.chmod(directory, 0o700)
         if self.cgroup:
             self._make_cgroup()
 

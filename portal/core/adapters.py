@@ -111,6 +111,7 @@ def job_to_domain(job: Job, *, epoch: Any = None) -> JobSpec:
         elastic_min=job.elastic_min_workers,
         elastic_max=job.elastic_max_workers,
         params=dict(job.params or {}),
+        time_limit_s=None if job.time_limit_s is None else float(job.time_limit_s),
     )
 
 
