@@ -1,0 +1,704 @@
+"""``hetero_srtf``: heterogeneity-aware, preemptive shortest-remaining-time-first with pairs.
+
+Every cycle the policy re-plans the whole cluster from *estimates* (profile times, i.e. the
+measured throughput per GPU model x the declared work, and the progress the jobs report), never
+from the simulator's truth:
+
+1. **Remaining time.** For every running and pending job and every GPU model it may use:
+   ``remaining(g) = (1 - progress) x solo time on g`` (``remaining_times``); ``best`` is the
+   smallest over the models of the cluster.
+2. **Priority with aging** (``priority_key``): ``key = best / (1 + aging x age / solo_best)``
+   with ``age`` = now - arrival and ``solo_best`` the job's whole solo time on its fastest model.
+   Shortest remaining first; a job that has waited ``k`` times its own length is treated as if
+   it had ``1 + aging x k`` times less left, so every job eventually reaches the front (no
+   starvation; ``tests/scheduler/test_hetero_srtf.py`` checks the bound). With ``ftf_cap`` > 0
+   a job whose predicted finish-time-fairness ratio (age + best remaining, over its time on an
+   isolated ``1/n`` share of the cluster, ``n`` = jobs present) reaches the cap goes before
+   every job under it (worst ratio first).
+3. **Who runs.** Jobs are taken in key order until the cluster's GPUs are spoken for. A running
+   job defends its GPUs with ``key x (1 - preempt_margin) - preemption_cost_s``: a waiting job
+   preempts it only if it is shorter by the margin *and* the restart cost
+   (``should_preempt``: swapping two jobs saves ``r_running - r_waiting - cost`` seconds of
+   total JCT). A job preempted ``max_preemptions`` times keeps its GPUs until it ends.
+4. **Which GPU model** (``assign_models``): the chosen jobs go to the models where they lose
+   least against their own fastest model (cost ``remaining(g) / best``: the job's slowdown on
+   g; a running job pays ``preemption_cost_s`` to move), first greedily in key order, then by
+   swapping pairs of jobs between models while that lowers the total. So a job that is 10x
+   faster on a V100 gets the V100 before a job that is 1.2x faster on it, whichever is shorter.
+5. **Where.** Running jobs that keep their model keep their GPUs. Jobs to start take idle or
+   freed GPUs of their model: multi-GPU jobs first (one node, the fullest that fits; else a gang
+   over the fewest nodes), then single-GPU jobs on the fullest nodes. GPUs still idle are filled
+   with the next jobs in key order (work conserving).
+6. **Pairs** (``pack_threshold`` > 0): a job still waiting joins a GPU (set) that runs exactly
+   one job of the same GPU count, owner and model under MPS, if the estimated pair throughput
+   ``norm_a + norm_b`` (each job's co-run speed over its solo speed, from the measured pair
+   table: ``MeasuredInterference.measured_pair``; unmeasured pairs are never packed) is at least
+   the threshold; the best such pair first. A packed job (the one that joined) moves to a GPU of
+   its own when one is free, if its preemption bound allows.
+
+Preemption is a ``REQUEUE`` action (the job keeps its progress: checkpointed) followed, for a
+migration, by a new placement in the same plan. Each job's preemptions are counted here (this
+object's state, the only state it keeps). Every decision, action and waiting job is explained.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.domain import (
+    Action,
+    ActionKind,
+    ClusterState,
+    Decision,
+    GpuSpec,
+    JobSpec,
+    Placement,
+    PlacementPart,
+    Plan,
+    RunningJob,
+    SharingMode,
+)
+from scheduler.policies.base import Policy, PolicyError
+
+_INF = math.inf
+
+
+# ----------------------------------------------------------------------------------------
+# The pure core (unit-tested one by one)
+
+
+def remaining_times(
+    job: JobSpec, progress: float, models: Iterable[str], *, spread: Mapping[str, bool] = {}
+) -> dict[str, float]:
+    """Estimated solo seconds left for ``job`` on each model of ``models`` it has a time for:
+    ``(1 - progress) x`` the profile's time (spread over nodes where ``spread[model]``)."""
+    if job.profile is None:
+        return {}
+    left = max(0.0, 1.0 - progress)
+    out = {}
+    for m in models:
+        t = job.run_time_s(m, spread=spread.get(m, False))
+        if t is not None and t > 0:
+            out[m] = left * t
+    return out
+
+
+def priority_key(best_remaining_s: float, solo_best_s: float, age_s: float, aging: float) -> float:
+    """SRTF key with aging: ``best_remaining / (1 + aging x age / solo_best)`` (lower first)."""
+    if solo_best_s <= 0:
+        return best_remaining_s
+    return best_remaining_s / (1.0 + aging * max(0.0, age_s) / solo_best_s)
+
+
+def defended_key(key: float, cost_s: float, margin: float) -> float:
+    """The key a running job defends its GPUs with: ``key x (1 - margin) - cost``."""
+    return key * (1.0 - margin) - cost_s
+
+
+def should_preempt(
+    challenger_key: float,
+    incumbent_key: float,
+    *,
+    cost_s: float,
+    margin: float,
+    preemptions: int,
+    max_preemptions: int,
+) -> bool:
+    """Whether a waiting job with ``challenger_key`` should take a running job's GPUs.
+
+    Only if the running job has been preempted fewer than ``max_preemptions`` times and the
+    challenger beats its defended key (``defended_key``): the swap must pay the restart cost.
+    """
+    if preemptions >= max_preemptions:
+        return False
+    return challenger_key < defended_key(incumbent_key, cost_s, margin)
+
+
+def pair_value(norm_a: float, norm_b: float) -> float:
+    """Throughput of a pair sharing a GPU, in jobs' worth: ``norm_a + norm_b``."""
+    return norm_a + norm_b
+
+
+def worth_packing(norm_a: float, norm_b: float, threshold: float) -> bool:
+    """True if the pair's throughput reaches ``threshold`` (> 0) jobs' worth."""
+    return threshold > 0 and pair_value(norm_a, norm_b) >= threshold
+
+
+def isolated_time_s(times: Mapping[str, float], counts: Mapping[str, int], gpus: int, n: int) -> float:
+    """Finish time of a job with solo ``times`` per model on a ``1/n`` share of a cluster of
+    ``counts`` GPUs per model (every model's share at once, Gavel's isolated baseline), never
+    less than its time on its fastest model alone."""
+    rate = sum(counts.get(m, 0) / t for m, t in times.items() if t > 0)
+    if rate <= 0 or not times:
+        return _INF
+    best = min(times.values())
+    return max(best, max(1, n) * max(1, gpus) / rate)
+
+
+@dataclass(slots=True)
+class Cand:
+    """A job in one cycle: running (``running`` set) or pending."""
+
+    job: JobSpec
+    rem: dict[str, float]  # model -> estimated remaining seconds
+    best: float
+    key: float
+    running: RunningJob | None = None
+    model: str | None = None  # current model if running
+    pinned: bool = False  # running and may not be preempted or moved
+    guest: bool = False  # running, joined a GPU with another job (packed)
+    move_cost: float = 0.0  # seconds a running job loses if it moves
+    placed_model: str | None = None  # where it runs after this cycle
+    freed: Placement | None = None  # its old placement, once requeued this cycle
+
+    @property
+    def gpus(self) -> int:
+        return max(1, self.job.gpus)
+
+    def cost(self, model: str) -> float:
+        """Relative cost of running on ``model``: its slowdown there (move cost included)."""
+        r = self.rem.get(model)
+        if r is None:
+            return _INF
+        if self.running is not None and model != self.model:
+            if self.pinned:
+                return _INF
+            r += self.move_cost
+        return r / self.best if self.best > 0 else 1.0
+
+
+def assign_models(cands: Sequence[Cand], capacity: Mapping[str, int]) -> dict[str, str]:
+    """Job id -> GPU model for ``cands`` (in priority order) within ``capacity`` GPUs per model.
+
+    Greedy in order (each job takes its cheapest model with room; a job that fits nowhere is
+    left out), then pairwise swaps of same-size jobs between two models, and moves into spare
+    capacity, while they lower the total relative cost (``Cand.cost``).
+    """
+    left = dict(capacity)
+    out: dict[str, str] = {}
+    by_id: dict[str, Cand] = {}
+    for c in cands:
+        best_m, best_cost = None, _INF
+        for m, r in c.rem.items():
+            if left.get(m, 0) >= c.gpus:
+                cost = c.cost(m)
+                if cost < best_cost:
+                    best_m, best_cost = m, cost
+        if best_m is not None:
+            out[c.job.id] = best_m
+            by_id[c.job.id] = c
+            left[best_m] -= c.gpus
+    models = sorted(capacity)
+    for _ in range(3):
+        improved = False
+        for g in models:
+            for h in models:
+                if g >= h:
+                    continue
+                improved |= _swap(by_id, out, left, g, h)
+        if not improved:
+            break
+    return out
+
+
+def _swap(
+    by_id: Mapping[str, Cand], out: dict[str, str], left: dict[str, int], g: str, h: str
+) -> bool:
+    """Improve the assignment between models ``g`` and ``h`` (see ``assign_models``)."""
+    improved = False
+    sizes = {c.gpus for c in by_id.values()}
+    for k in sorted(sizes):
+        on_g = [c for jid, c in by_id.items() if out[jid] == g and c.gpus == k]
+        on_h = [c for jid, c in by_id.items() if out[jid] == h and c.gpus == k]
+        # d: what moving to the other model costs (negative: a gain).
+        dg = sorted(((c.cost(h) - c.cost(g), c) for c in on_g), key=lambda x: x[0])
+        dh = sorted(((c.cost(g) - c.cost(h), c) for c in on_h), key=lambda x: x[0])
+        i = j = 0
+        while True:
+            # Moves into spare room first, then swaps.
+            if i < len(dg) and dg[i][0] < -1e-9 and left.get(h, 0) >= k:
+                c = dg[i][1]
+                out[c.job.id] = h
+                left[h] -= k
+                left[g] += k
+                i += 1
+                improved = True
+                continue
+            if j < len(dh) and dh[j][0] < -1e-9 and left.get(g, 0) >= k:
+                c = dh[j][1]
+                out[c.job.id] = g
+                left[g] -= k
+                left[h] += k
+                j += 1
+                improved = True
+                continue
+            if i < len(dg) and j < len(dh) and dg[i][0] + dh[j][0] < -1e-9:
+                out[dg[i][1].job.id] = h
+                out[dh[j][1].job.id] = g
+                i += 1
+                j += 1
+                improved = True
+                continue
+            break
+    return improved
+
+
+# ----------------------------------------------------------------------------------------
+# The policy
+
+
+@dataclass
+class _Gpus:
+    """Free GPUs of one model, by node (node order kept)."""
+
+    free: dict[str, list[int]] = field(default_factory=dict)
+    cores: dict[str, int] = field(default_factory=dict)
+
+    def total(self) -> int:
+        return sum(len(v) for v in self.free.values())
+
+
+def _fmt_h(seconds: float) -> str:
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class HeteroSrtfPolicy(Policy):
+    """See the module docstring. Parameters (``portal/core/policy_settings.py`` documents them
+    for the admin):
+
+    - ``aging`` (0.5): weight of a job's age, in multiples of its own length, in its key.
+    - ``preemption_cost_s`` (0): estimated checkpoint-and-restart time; a preemption or move
+      must save more than this (the simulator passes its ``--preemption-cost-s``).
+    - ``preempt_margin`` (0.1): a waiting job must be this fraction shorter than a running one.
+    - ``max_preemptions`` (5): preemptions (moves included) of one job before it keeps its GPUs.
+    - ``pack_threshold`` (1.2): pack two jobs on a GPU when their estimated pair throughput
+      reaches this many jobs' worth (0: never pack).
+    - ``ftf_cap`` (0): finish-time-fairness cap; jobs predicted at or above it go first (0: off).
+    - ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
+    """
+
+    name = "hetero_srtf"
+    defaults: Mapping[str, Any] = {
+        "aging": 0.5,
+        "preemption_cost_s": 0.0,
+        "preempt_margin": 0.1,
+        "max_preemptions": 5,
+        "pack_threshold": 1.2,
+        "ftf_cap": 0.0,
+        "tick_s": 0.0,
+    }
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__(**params)
+        p = self.params
+        try:
+            self.aging = float(p["aging"])
+            self.cost_s = float(p["preemption_cost_s"])
+            self.margin = float(p["preempt_margin"])
+            self.max_preemptions = int(p["max_preemptions"])
+            self.pack_threshold = float(p["pack_threshold"])
+            self.ftf_cap = float(p["ftf_cap"])
+            tick = float(p["tick_s"])
+        except (TypeError, ValueError) as exc:
+            raise PolicyError(f"policy 'hetero_srtf': bad parameter ({exc})") from None
+        checks = (
+            ("aging", 0 <= self.aging <= 100),
+            ("preemption_cost_s", 0 <= self.cost_s <= 1e7),
+            ("preempt_margin", 0 <= self.margin < 1),
+            ("max_preemptions", 0 <= self.max_preemptions <= 10_000),
+            ("pack_threshold", 0 <= self.pack_threshold <= 2),
+            ("ftf_cap", 0 <= self.ftf_cap <= 1e6),
+            ("tick_s", 0 <= tick <= 1e7),
+        )
+        for name, ok in checks:
+            if not ok:
+                raise PolicyError(f"policy 'hetero_srtf': {name}={p[name]!r} is out of range")
+        self.tick_interval_s: float | None = tick or None
+        self.preemptions: dict[str, int] = {}
+        self._pairs: Any = None
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _pair_norms(self, a: JobSpec, b: JobSpec, spec: GpuSpec) -> tuple[float, float] | None:
+        """(norm of a, norm of b) next to each other on ``spec`` from measured pairs."""
+        if self._pairs is None:
+            from scheduler.interference import MeasuredInterference
+
+            self._pairs = MeasuredInterference()
+        sa = self._pairs.measured_pair(a, b, spec)
+        sb = self._pairs.measured_pair(b, a, spec)
+        if sa is None or sb is None or not (math.isfinite(sa) and math.isfinite(sb)):
+            return None
+        return 1.0 / max(1.0, sa), 1.0 / max(1.0, sb)
+
+    def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
+        now = state.now_s
+        # GPUs per model on up nodes, the specs, and each GPU's jobs.
+        counts: dict[str, int] = {}
+        specs: dict[str, GpuSpec] = {}
+        nodes_by_model: dict[str, list[str]] = {}
+        gpu_jobs: dict[tuple[str, int], tuple[str, ...]] = {}
+        free_cores: dict[str, int] = {}
+        node_model: dict[str, str] = {}
+        for n in state.nodes:
+            if not n.up or not n.gpus:
+                continue
+            free_cores[n.name] = n.free_cores
+            for g in n.gpus:
+                m = g.spec.model
+                counts[m] = counts.get(m, 0) + 1
+                specs[m] = g.spec
+                node_model[n.name] = m
+                gpu_jobs[(n.name, g.index)] = g.job_ids
+            m0 = n.gpus[0].spec.model
+            nodes_by_model.setdefault(m0, []).append(n.name)
+        per_node = {n.name: len(n.gpus) for n in state.nodes if n.up and n.gpus}
+        max_node = {m: max(per_node[x] for x in names) for m, names in nodes_by_model.items()}
+        models = sorted(counts)
+        n_jobs = len(state.pending) + len(state.running)
+        ftf = self.ftf_cap
+
+        def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
+            progress = rj.progress if rj is not None else 0.0
+            k = max(1, job.gpus)
+            spread = {m: k > max_node.get(m, 0) for m in models}
+            if rj is not None and rj.placement.is_gang:
+                spread[node_model.get(rj.placement.node, "")] = True
+            rem = remaining_times(job, progress, models, spread=spread)
+            rem = {m: r for m, r in rem.items() if counts[m] >= k}
+            if not rem:
+                return None
+            best = min(rem.values())
+            solo_best = best / max(1e-9, 1.0 - progress) if progress < 1 else best
+            age = now - job.arrival_s
+            key = priority_key(best, solo_best, age, self.aging)
+            if ftf > 0:
+                full = {m: r / max(1e-9, 1.0 - progress) for m, r in rem.items()}
+                iso = isolated_time_s(full, counts, k, n_jobs)
+                rho = (age + best) / iso if iso > 0 else 0.0
+                if rho >= ftf:
+                    key = -rho
+            return Cand(job, rem, best, key)
+
+        running: list[Cand] = []
+        guests: list[Cand] = []
+        for rj in state.running:
+            if rj.paused or not rj.placement.gpu_indices:
+                continue
+            c = make(rj.job, rj)
+            if c is None:
+                continue
+            c.running = rj
+            c.model = node_model.get(rj.placement.node)
+            c.move_cost = self.cost_s
+            c.pinned = self.preemptions.get(rj.job.id, 0) >= self.max_preemptions
+            shared = any(
+                len(gpu_jobs.get(key, ())) > 1 and gpu_jobs[key][0] != rj.job.id
+                for key in rj.placement.gpu_keys
+            )
+            if shared:
+                c.guest = True
+                guests.append(c)
+            else:
+                running.append(c)
+        pending: list[Cand] = []
+        waiting: dict[str, str] = {}
+        for job in state.pending:
+            c = make(job, None)
+            if c is None:
+                waiting[job.id] = (
+                    "no GPU model of the cluster has enough GPUs with a profiled time for it"
+                )
+            else:
+                pending.append(c)
+        pending.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
+
+        # 3. Who runs: merge by (defended) key.
+        def rank(c: Cand) -> tuple[float, int, float, str]:
+            if c.running is not None:
+                if c.pinned:
+                    return (-_INF, 0, c.job.arrival_s, c.job.id)
+                return (defended_key(c.key, self.cost_s, self.margin), 0, c.job.arrival_s, c.job.id)
+            return (c.key, 1, c.job.arrival_s, c.job.id)
+
+        ordered = sorted(running, key=rank) + pending  # pending already sorted
+        ordered.sort(key=rank)
+        cap_left = sum(counts.values())
+        chosen: list[Cand] = []
+        for c in ordered:
+            if cap_left <= 0:
+                break
+            if c.gpus <= cap_left:
+                chosen.append(c)
+                cap_left -= c.gpus
+        # 4. Which model.
+        assignment = assign_models(chosen, counts)
+
+        # 5. Where.
+        actions: list[Action] = []
+        decisions: list[Decision] = []
+        free: dict[str, _Gpus] = {m: _Gpus() for m in models}
+        for n in state.nodes:
+            if not n.up or not n.gpus:
+                continue
+            for g in n.gpus:
+                if not g.job_ids:
+                    free[g.spec.model].free.setdefault(n.name, []).append(g.index)
+        chosen_ids = set(assignment)
+        keep: list[Cand] = []
+        to_start: list[Cand] = []
+        for c in running:
+            target = assignment.get(c.job.id)
+            if target == c.model:
+                keep.append(c)
+            elif c.pinned:
+                keep.append(c)
+            else:
+                if target is not None:
+                    to_start.append(c)
+                why = (
+                    f"moved from {c.model} to {target} (about {_fmt_h(c.rem[c.model or ''])} "
+                    f"left there, {_fmt_h(c.rem[target])} on {target})"
+                    if target is not None
+                    else "preempted for shorter jobs (its key "
+                    f"{_fmt_h(c.key)}; remaining about {_fmt_h(c.best)})"
+                )
+                self._requeue(c, why, actions, free, gpu_jobs)
+        # Jobs that wait (chosen but not placed) must not cause preemptions above; a freed GPU
+        # with nothing to start is re-filled below by the next jobs in key order.
+        for c in pending:
+            if c.job.id in chosen_ids:
+                to_start.append(c)
+        to_start.sort(key=lambda c: (-c.gpus, rank(c)))
+        cores = dict(free_cores)
+        started: set[str] = set()
+        host_of: dict[tuple[tuple[str, int], ...], Cand] = {}
+        for c in keep:
+            c.placed_model = c.model
+            if c.running is not None:
+                host_of[c.running.placement.gpu_keys] = c
+        for c in to_start:
+            m = assignment[c.job.id]
+            pl = self._place(c, m, free[m], cores)
+            if pl is None:
+                waiting[c.job.id] = (
+                    f"{c.gpus} GPU(s) of {m} chosen for it (key {_fmt_h(c.key)}) are not free "
+                    "together on few enough nodes yet"
+                )
+                continue
+            decisions.append(self._decision(c, pl, m, "shortest predicted remaining time first"))
+            c.placed_model = m
+            started.add(c.job.id)
+            host_of[pl.gpu_keys] = c
+        # Work conserving: idle GPUs take the next jobs in key order (guests first in order).
+        rest = [c for c in pending if c.job.id not in started and c.job.id not in waiting]
+        rest += [g for g in guests if self.preemptions.get(g.job.id, 0) < self.max_preemptions]
+        rest.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
+        guest_moved: set[str] = set()
+        if any(f.total() for f in free.values()):
+            for c in rest:
+                options = [
+                    m for m in sorted(c.rem, key=lambda m: c.rem[m]) if free[m].total() >= c.gpus
+                ]
+                if not options:
+                    continue
+                m = options[0]
+                if c.running is not None:
+                    # A packed job moves to a GPU of its own if that pays the move.
+                    shared_rem = c.rem.get(c.model or "", _INF) * 2
+                    if c.rem[m] + self.cost_s >= shared_rem:
+                        continue
+                    self._requeue(c, f"moved to a GPU of its own on {m}", actions, free, gpu_jobs)
+                pl = self._place(c, m, free[m], cores)
+                if pl is None:
+                    continue
+                decisions.append(self._decision(c, pl, m, "an idle GPU, next in key order"))
+                c.placed_model = m
+                started.add(c.job.id)
+                if c.running is not None:
+                    guest_moved.add(c.job.id)
+                host_of[pl.gpu_keys] = c
+                if not any(f.total() for f in free.values()):
+                    break
+        # 6. Pairs.
+        if self.pack_threshold > 0:
+            self._pack(pending, started, waiting, host_of, gpu_jobs, specs, cores, decisions)
+        for c in pending:
+            if c.job.id in started or c.job.id in waiting:
+                continue
+            waiting[c.job.id] = (
+                f"queued by shortest predicted remaining time: key {_fmt_h(c.key)} "
+                f"(about {_fmt_h(c.best)} left on its fastest model); shorter or older jobs "
+                "hold every GPU"
+            )
+        return Plan(decisions=tuple(decisions), actions=tuple(actions), waiting=waiting)
+
+    def _requeue(
+        self,
+        c: Cand,
+        why: str,
+        actions: list[Action],
+        free: dict[str, _Gpus],
+        gpu_jobs: dict[tuple[str, int], tuple[str, ...]],
+    ) -> None:
+        rj = c.running
+        assert rj is not None
+        self.preemptions[c.job.id] = self.preemptions.get(c.job.id, 0) + 1
+        actions.append(Action(ActionKind.REQUEUE, c.job.id, self.name, why))
+        for key in rj.placement.gpu_keys:
+            jobs = tuple(j for j in gpu_jobs.get(key, ()) if j != c.job.id)
+            gpu_jobs[key] = jobs
+            if not jobs and c.model is not None:
+                node, idx = key
+                lst = free[c.model].free.setdefault(node, [])
+                if idx not in lst:
+                    lst.append(idx)
+                    lst.sort()
+        # Cores come back too (per node of its placement).
+        c.running = None
+        c.model = None
+        c.pinned = False
+        c.guest = False
+        c.freed = rj.placement
+
+    def _place(
+        self, c: Cand, model: str, gpus: _Gpus, cores: dict[str, int]
+    ) -> Placement | None:
+        """Take ``c.gpus`` free GPUs of ``model``: one node (fullest fitting), else a gang."""
+        k = c.gpus
+        need = max(1, c.job.cpus)
+        if c.freed is not None:
+            for part in c.freed.parts:
+                cores[part.node] = cores.get(part.node, 0) + part.cpus
+            c.freed = None
+        fits = [
+            (len(idx), node)
+            for node, idx in gpus.free.items()
+            if len(idx) >= k and cores.get(node, 0) >= need
+        ]
+        mode = SharingMode.MPS if self.pack_threshold > 0 else SharingMode.EXCLUSIVE
+        if fits:
+            _, node = min(fits)
+            idx = gpus.free[node][:k]
+            del gpus.free[node][:k]
+            if not gpus.free[node]:
+                del gpus.free[node]
+            cores[node] -= need
+            return Placement(c.job.id, node, tuple(idx), mode=mode, cpus=need)
+        # A gang: fewest nodes (most free first).
+        avail = sorted(
+            ((len(idx), node) for node, idx in gpus.free.items() if cores.get(node, 0) >= need),
+            key=lambda x: (-x[0], x[1]),
+        )
+        if sum(a for a, _ in avail) < k:
+            return None
+        parts: list[PlacementPart] = []
+        got = 0
+        for a, node in avail:
+            take = min(a, k - got)
+            idx = gpus.free[node][:take]
+            parts.append(PlacementPart(node, tuple(idx), need))
+            got += take
+            if got >= k:
+                break
+        for part in parts:
+            del gpus.free[part.node][: len(part.gpu_indices)]
+            if not gpus.free[part.node]:
+                del gpus.free[part.node]
+            cores[part.node] -= need
+        first = parts[0]
+        return Placement(
+            c.job.id, first.node, first.gpu_indices, mode=mode, cpus=need, more=tuple(parts[1:])
+        )
+
+    def _decision(self, c: Cand, pl: Placement, model: str, why: str) -> Decision:
+        others = sorted((r, m) for m, r in c.rem.items() if m != model)
+        there = c.rem[model]
+        vs = (
+            f"; {others[0][0] / there:.2f}x its time on {others[0][1]}"
+            if others and there > 0
+            else ""
+        )
+        spread = f" over {len(pl.parts)} nodes" if pl.is_gang else ""
+        text = (
+            f"{why}: key {_fmt_h(c.key)}, about {_fmt_h(there)} left on {model}{spread}"
+            f"{vs}; placed on " + "+".join(f"{p.node}/gpu{','.join(map(str, p.gpu_indices))}" for p in pl.parts)
+        )
+        return Decision(pl, self.name, text, score=c.key)
+
+    def _pack(
+        self,
+        pending: Sequence[Cand],
+        started: set[str],
+        waiting: dict[str, str],
+        host_of: dict[tuple[tuple[str, int], ...], Cand],
+        gpu_jobs: Mapping[tuple[str, int], tuple[str, ...]],
+        specs: Mapping[str, GpuSpec],
+        cores: dict[str, int],
+        decisions: list[Decision],
+    ) -> None:
+        """Step 6 of the module docstring: waiting jobs join single-job GPUs (best pair)."""
+        hosts: dict[int, list[tuple[tuple[tuple[str, int], ...], Cand]]] = {}
+        for keys, h in host_of.items():
+            if h.guest or h.placed_model is None:
+                continue
+            if any(len(gpu_jobs.get(k, ())) > 1 for k in keys):
+                continue
+            hosts.setdefault(h.gpus, []).append((keys, h))
+        taken: set[tuple[tuple[str, int], ...]] = set()
+        for c in pending:
+            if c.job.id in started or c.job.id in waiting:
+                continue
+            best: tuple[float, tuple[tuple[str, int], ...], Cand, str] | None = None
+            for keys, h in hosts.get(c.gpus, ()):
+                if keys in taken or h.job.owner != c.job.owner:
+                    continue
+                m = h.placed_model
+                if m is None or m not in c.rem or m not in specs:
+                    continue
+                norms = self._pair_norms(c.job, h.job, specs[m])
+                if norms is None or not worth_packing(norms[0], norms[1], self.pack_threshold):
+                    continue
+                value = pair_value(*norms)
+                if best is None or value > best[0]:
+                    best = (value, keys, h, m)
+            if best is None:
+                continue
+            value, keys, h, m = best
+            need = max(1, c.job.cpus)
+            nodes = sorted({n for n, _ in keys})
+            if any(cores.get(n, 0) < need for n in nodes):
+                continue
+            by_node: dict[str, list[int]] = {}
+            for n, i in keys:
+                by_node.setdefault(n, []).append(i)
+            order = list(dict.fromkeys(n for n, _ in keys))
+            parts = [PlacementPart(n, tuple(by_node[n]), need) for n in order]
+            for n in order:
+                cores[n] -= need
+            pl = Placement(
+                c.job.id,
+                parts[0].node,
+                parts[0].gpu_indices,
+                mode=SharingMode.MPS,
+                cpus=need,
+                more=tuple(parts[1:]),
+            )
+            taken.add(keys)
+            started.add(c.job.id)
+            decisions.append(
+                Decision(
+                    pl,
+                    self.name,
+                    f"packed next to job {h.job.id} on {m} under MPS: estimated pair throughput "
+                    f"{value:.2f} jobs' worth (measured pair) >= {self.pack_threshold:.2f}; "
+                    f"key {_fmt_h(c.key)}",
+                    score=c.key,
+                )
+            )
