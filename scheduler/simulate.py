@@ -269,9 +269,9 @@ def _with_cost(name: str, given: Any, config: SimConfig | None) -> dict[str, Any
     from scheduler.policies.registry import policy_defaults
 
     out = dict(given or {})
-    if config is not None and "preemption_cost_s" not in out:
-        if "preemption_cost_s" in policy_defaults(name):
-            out["preemption_cost_s"] = config.preemption_cost_s
+    wants = "preemption_cost_s" in policy_defaults(name)
+    if config is not None and wants and "preemption_cost_s" not in out:
+        out["preemption_cost_s"] = config.preemption_cost_s
     return out
 
 

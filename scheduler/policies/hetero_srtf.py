@@ -47,7 +47,7 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from scheduler.domain import (
     Action,
@@ -128,7 +128,9 @@ def worth_packing(norm_a: float, norm_b: float, threshold: float) -> bool:
     return threshold > 0 and pair_value(norm_a, norm_b) >= threshold
 
 
-def isolated_time_s(times: Mapping[str, float], counts: Mapping[str, int], gpus: int, n: int) -> float:
+def isolated_time_s(
+    times: Mapping[str, float], counts: Mapping[str, int], gpus: int, n: int
+) -> float:
     """Finish time of a job with solo ``times`` per model on a ``1/n`` share of a cluster of
     ``counts`` GPUs per model (every model's share at once, Gavel's isolated baseline), never
     less than its time on its fastest model alone."""
@@ -183,7 +185,7 @@ def assign_models(cands: Sequence[Cand], capacity: Mapping[str, int]) -> dict[st
     by_id: dict[str, Cand] = {}
     for c in cands:
         best_m, best_cost = None, _INF
-        for m, r in c.rem.items():
+        for m in c.rem:
             if left.get(m, 0) >= c.gpus:
                 cost = c.cost(m)
                 if cost < best_cost:
@@ -284,7 +286,7 @@ class HeteroSrtfPolicy(Policy):
     """
 
     name = "hetero_srtf"
-    defaults: Mapping[str, Any] = {
+    defaults: ClassVar[Mapping[str, Any]] = {
         "aging": 0.5,
         "preemption_cost_s": 0.0,
         "preempt_margin": 0.1,
@@ -322,6 +324,7 @@ class HeteroSrtfPolicy(Policy):
         self.tick_interval_s: float | None = tick or None
         self.preemptions: dict[str, int] = {}
         self._pairs: Any = None
+        self._max_node: dict[str, int] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -360,6 +363,7 @@ class HeteroSrtfPolicy(Policy):
             nodes_by_model.setdefault(m0, []).append(n.name)
         per_node = {n.name: len(n.gpus) for n in state.nodes if n.up and n.gpus}
         max_node = {m: max(per_node[x] for x in names) for m, names in nodes_by_model.items()}
+        self._max_node = max_node
         models = sorted(counts)
         n_jobs = len(state.pending) + len(state.running)
         ftf = self.ftf_cap
@@ -455,9 +459,7 @@ class HeteroSrtfPolicy(Policy):
         to_start: list[Cand] = []
         for c in running:
             target = assignment.get(c.job.id)
-            if target == c.model:
-                keep.append(c)
-            elif c.pinned:
+            if target == c.model or c.pinned:
                 keep.append(c)
             else:
                 if target is not None:
@@ -503,9 +505,8 @@ class HeteroSrtfPolicy(Policy):
         guest_moved: set[str] = set()
         if any(f.total() for f in free.values()):
             for c in rest:
-                options = [
-                    m for m in sorted(c.rem, key=lambda m: c.rem[m]) if free[m].total() >= c.gpus
-                ]
+                rem = c.rem
+                options = [m for m in sorted(rem, key=rem.__getitem__) if free[m].total() >= c.gpus]
                 if not options:
                     continue
                 m = options[0]
@@ -567,9 +568,7 @@ class HeteroSrtfPolicy(Policy):
         c.guest = False
         c.freed = rj.placement
 
-    def _place(
-        self, c: Cand, model: str, gpus: _Gpus, cores: dict[str, int]
-    ) -> Placement | None:
+    def _place(self, c: Cand, model: str, gpus: _Gpus, cores: dict[str, int]) -> Placement | None:
         """Take ``c.gpus`` free GPUs of ``model``: one node (fullest fitting), else a gang."""
         k = c.gpus
         need = max(1, c.job.cpus)
@@ -591,6 +590,8 @@ class HeteroSrtfPolicy(Policy):
                 del gpus.free[node]
             cores[node] -= need
             return Placement(c.job.id, node, tuple(idx), mode=mode, cpus=need)
+        if k <= self._max_node.get(model, 0):
+            return None  # one node holds it: it waits for one rather than spread
         # A gang: fewest nodes (most free first).
         avail = sorted(
             ((len(idx), node) for node, idx in gpus.free.items() if cores.get(node, 0) >= need),
@@ -626,9 +627,10 @@ class HeteroSrtfPolicy(Policy):
             else ""
         )
         spread = f" over {len(pl.parts)} nodes" if pl.is_gang else ""
+        where = "+".join(f"{p.node}/gpu{','.join(map(str, p.gpu_indices))}" for p in pl.parts)
         text = (
             f"{why}: key {_fmt_h(c.key)}, about {_fmt_h(there)} left on {model}{spread}"
-            f"{vs}; placed on " + "+".join(f"{p.node}/gpu{','.join(map(str, p.gpu_indices))}" for p in pl.parts)
+            f"{vs}; placed on {where}"
         )
         return Decision(pl, self.name, text, score=c.key)
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from scheduler.domain import UNCONSOLIDATED_SPEED
