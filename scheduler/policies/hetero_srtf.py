@@ -36,6 +36,26 @@ from the simulator's truth:
    the threshold; the best such pair first. A packed job (the one that joined) moves to a GPU of
    its own when one is free, if its preemption bound allows.
 
+Parameters (``portal/core/policy_settings.py`` documents them for the admin):
+
+
+- ``aging`` (0.5): weight of a job's age, in multiples of its own length, in its key.
+- ``preemption_cost_s`` (0): estimated checkpoint-and-restart time; a preemption or move
+  must save more than this (the simulator passes its ``--preemption-cost-s``).
+- ``preempt_margin`` (0.1): a waiting job must be this fraction shorter than a running one.
+- ``max_preemptions`` (5): preemptions (moves included) of one job before it keeps its GPUs.
+- ``pack_threshold`` (1.2): pack two jobs on a GPU when their estimated pair throughput
+  reaches this many jobs' worth (0: never pack).
+- ``ftf_cap`` (0): finish-time-fairness cap; jobs predicted at or above it go first (0: off).
+- ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
+
+Jobs it cannot estimate (CPU jobs, jobs without a profiled time on a GPU model of the
+cluster that holds their memory, jobs larger than every model) are handed, on what is left
+of the cluster after its own plan, to ``fifo`` of the framework with the framework's
+parameters (``backfill``, ``max_jobs_per_gpu``, ``share_mode``, ...: their meaning there),
+which places them or says why they wait. ``max_jobs_per_gpu`` below 2 or a ``share_mode``
+other than ``auto``/``mps`` also turns packing off.
+
 Preemption is a ``REQUEUE`` action (the job keeps its progress: checkpointed) followed, for a
 migration, by a new placement in the same plan. Each job's preemptions are counted here (this
 object's state, the only state it keeps). Every decision, action and waiting job is explained.
@@ -46,7 +66,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from scheduler.domain import (
@@ -56,6 +76,7 @@ from scheduler.domain import (
     Decision,
     GpuSpec,
     JobSpec,
+    NodeState,
     Placement,
     PlacementPart,
     Plan,
@@ -63,6 +84,7 @@ from scheduler.domain import (
     SharingMode,
 )
 from scheduler.policies.base import Policy, PolicyError
+from scheduler.policies.framework import framework_defaults
 
 _INF = math.inf
 
@@ -264,6 +286,51 @@ class _Gpus:
         return sum(len(v) for v in self.free.values())
 
 
+def _residual(
+    state: ClusterState, requeued: set[str], decisions: Sequence[Decision]
+) -> tuple[NodeState, ...]:
+    """The snapshot's nodes after ``requeued`` jobs left and ``decisions`` were applied."""
+    placed: dict[tuple[str, int], list[tuple[JobSpec | None, Placement]]] = {}
+    cores_used: dict[str, int] = {}
+    freed: dict[str, float] = {}
+    running = {r.job.id: r for r in state.running}
+    for jid in requeued:
+        rj = running.get(jid)
+        if rj is None:
+            continue
+        freed[jid] = rj.job.memory_need_mb()
+        for part in rj.placement.parts:
+            cores_used[part.node] = cores_used.get(part.node, 0) - part.cpus
+    pending = {j.id: j for j in state.pending}
+    pending.update({jid: running[jid].job for jid in requeued if jid in running})
+    for d in decisions:
+        pl = d.placement
+        for part in pl.parts:
+            cores_used[part.node] = cores_used.get(part.node, 0) + part.cpus
+        for key in pl.gpu_keys:
+            placed.setdefault(key, []).append((pending.get(pl.job_id), pl))
+    out = []
+    for n in state.nodes:
+        if n.name not in cores_used and not any(
+            (n.name, g.index) in placed or set(g.job_ids) & requeued for g in n.gpus
+        ):
+            out.append(n)
+            continue
+        gpus = []
+        for g in n.gpus:
+            new = placed.get((n.name, g.index), [])
+            ids = tuple(j for j in g.job_ids if j not in requeued)
+            mem = g.committed_memory_mb - sum(freed.get(j, 0.0) for j in g.job_ids)
+            ids += tuple(pl.job_id for _, pl in new)
+            mem += sum(j.memory_need_mb() for j, _ in new if j is not None)
+            mode = (new[0][1].mode if new else g.mode) if ids else None
+            gpus.append(replace(g, job_ids=ids, committed_memory_mb=mem, mode=mode))
+        out.append(
+            replace(n, free_cores=n.free_cores - cores_used.get(n.name, 0), gpus=tuple(gpus))
+        )
+    return tuple(out)
+
+
 def _fmt_h(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds / 60:.0f} min"
@@ -271,22 +338,12 @@ def _fmt_h(seconds: float) -> str:
 
 
 class HeteroSrtfPolicy(Policy):
-    """See the module docstring. Parameters (``portal/core/policy_settings.py`` documents them
-    for the admin):
-
-    - ``aging`` (0.5): weight of a job's age, in multiples of its own length, in its key.
-    - ``preemption_cost_s`` (0): estimated checkpoint-and-restart time; a preemption or move
-      must save more than this (the simulator passes its ``--preemption-cost-s``).
-    - ``preempt_margin`` (0.1): a waiting job must be this fraction shorter than a running one.
-    - ``max_preemptions`` (5): preemptions (moves included) of one job before it keeps its GPUs.
-    - ``pack_threshold`` (1.2): pack two jobs on a GPU when their estimated pair throughput
-      reaches this many jobs' worth (0: never pack).
-    - ``ftf_cap`` (0): finish-time-fairness cap; jobs predicted at or above it go first (0: off).
-    - ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
-    """
+    """See the module docstring (parameters included)."""
 
     name = "hetero_srtf"
     defaults: ClassVar[Mapping[str, Any]] = {
+        **framework_defaults,
+        "backfill": True,
         "aging": 0.5,
         "preemption_cost_s": 0.0,
         "preempt_margin": 0.1,
@@ -321,10 +378,19 @@ class HeteroSrtfPolicy(Policy):
         for name, ok in checks:
             if not ok:
                 raise PolicyError(f"policy 'hetero_srtf': {name}={p[name]!r} is out of range")
+        self.pack = (
+            self.pack_threshold > 0
+            and int(p["max_jobs_per_gpu"]) >= 2
+            and p["share_mode"] in ("auto", "mps")
+        )
+        from scheduler.policies.fifo import FifoPolicy
+
+        self.fallback = FifoPolicy(**{k: p[k] for k in framework_defaults})
         self.tick_interval_s: float | None = tick or None
         self.preemptions: dict[str, int] = {}
         self._pairs: Any = None
         self._max_node: dict[str, int] = {}
+        self._specs: dict[str, GpuSpec] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -364,6 +430,7 @@ class HeteroSrtfPolicy(Policy):
         per_node = {n.name: len(n.gpus) for n in state.nodes if n.up and n.gpus}
         max_node = {m: max(per_node[x] for x in names) for m, names in nodes_by_model.items()}
         self._max_node = max_node
+        self._specs = specs
         models = sorted(counts)
         n_jobs = len(state.pending) + len(state.running)
         ftf = self.ftf_cap
@@ -375,7 +442,8 @@ class HeteroSrtfPolicy(Policy):
             if rj is not None and rj.placement.is_gang:
                 spread[node_model.get(rj.placement.node, "")] = True
             rem = remaining_times(job, progress, models, spread=spread)
-            rem = {m: r for m, r in rem.items() if counts[m] >= k}
+            need = job.memory_need_mb()
+            rem = {m: r for m, r in rem.items() if counts[m] >= k and specs[m].memory_mb >= need}
             if not rem:
                 return None
             best = min(rem.values())
@@ -395,6 +463,8 @@ class HeteroSrtfPolicy(Policy):
         for rj in state.running:
             if rj.paused or not rj.placement.gpu_indices:
                 continue
+            if rj.placement.mode not in (SharingMode.MPS, SharingMode.EXCLUSIVE):
+                continue  # time-sliced or MIG by someone else: left alone
             c = make(rj.job, rj)
             if c is None:
                 continue
@@ -413,12 +483,11 @@ class HeteroSrtfPolicy(Policy):
                 running.append(c)
         pending: list[Cand] = []
         waiting: dict[str, str] = {}
+        others: list[JobSpec] = []  # for the fallback
         for job in state.pending:
-            c = make(job, None)
+            c = make(job, None) if job.gpus > 0 else None
             if c is None:
-                waiting[job.id] = (
-                    "no GPU model of the cluster has enough GPUs with a profiled time for it"
-                )
+                others.append(job)
             else:
                 pending.append(c)
         pending.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
@@ -528,7 +597,7 @@ class HeteroSrtfPolicy(Policy):
                 if not any(f.total() for f in free.values()):
                     break
         # 6. Pairs.
-        if self.pack_threshold > 0:
+        if self.pack:
             self._pack(pending, started, waiting, host_of, gpu_jobs, specs, cores, decisions)
         for c in pending:
             if c.job.id in started or c.job.id in waiting:
@@ -538,6 +607,45 @@ class HeteroSrtfPolicy(Policy):
                 f"(about {_fmt_h(c.best)} left on its fastest model); shorter or older jobs "
                 "hold every GPU"
             )
+        # Multi-GPU jobs left waiting: the framework says what they miss (whole nodes, GPUs
+        # at once, predicted ends) and takes them if what is left holds them (work conserving).
+        mine: dict[str, str] = {}
+        for c in pending:
+            if c.gpus > 1 and c.job.id in waiting:
+                mine[c.job.id] = waiting.pop(c.job.id)
+                others.append(c.job)
+        # Jobs it cannot estimate: the framework's fifo on what is left.
+        if others:
+            requeued = {a.job_id for a in actions}
+            specs_by_id = {c.job.id: c.job for c in pending} | {c.job.id: c.job for c in running}
+            specs_by_id |= {c.job.id: c.job for c in guests}
+            placed_now = tuple(
+                RunningJob(specs_by_id[d.placement.job_id], d.placement, now, 0.0)
+                for d in decisions
+                if d.placement.job_id in specs_by_id
+            )
+            rest_state = ClusterState(
+                now_s=now,
+                nodes=_residual(state, requeued, decisions),
+                pending=tuple(sorted(others, key=lambda j: (j.arrival_s, j.id))),
+                running=tuple(r for r in state.running if r.job.id not in requeued) + placed_now,
+            )
+            extra = self.fallback.schedule(rest_state, rng)
+            decisions.extend(
+                Decision(
+                    d.placement,
+                    self.name,
+                    (
+                        f"GPUs left idle after the plan, framework first fit: {d.explanation}"
+                        if d.placement.job_id in mine
+                        else f"no estimate for it, framework first fit: {d.explanation}"
+                    ),
+                    d.score,
+                )
+                for d in extra.decisions
+            )
+            for jid, reason in extra.waiting.items():
+                waiting[jid] = f"{reason}; {mine[jid]}" if jid in mine else reason
         return Plan(decisions=tuple(decisions), actions=tuple(actions), waiting=waiting)
 
     def _requeue(
@@ -581,7 +689,9 @@ class HeteroSrtfPolicy(Policy):
             for node, idx in gpus.free.items()
             if len(idx) >= k and cores.get(node, 0) >= need
         ]
-        mode = SharingMode.MPS if self.pack_threshold > 0 else SharingMode.EXCLUSIVE
+        spec = self._specs.get(model)
+        mps = self.pack and spec is not None and spec.supports(SharingMode.MPS)
+        mode = SharingMode.MPS if mps else SharingMode.EXCLUSIVE
         if fits:
             _, node = min(fits)
             idx = gpus.free[node][:k]
@@ -663,6 +773,13 @@ class HeteroSrtfPolicy(Policy):
                     continue
                 m = h.placed_model
                 if m is None or m not in c.rem or m not in specs:
+                    continue
+                if h.running is not None and h.running.placement.mode != SharingMode.MPS:
+                    continue
+                spec = specs[m]
+                if not spec.supports(SharingMode.MPS):
+                    continue
+                if h.job.memory_need_mb() + c.job.memory_need_mb() > spec.memory_mb:
                     continue
                 norms = self._pair_norms(c.job, h.job, specs[m])
                 if norms is None or not worth_packing(norms[0], norms[1], self.pack_threshold):
