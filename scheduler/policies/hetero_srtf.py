@@ -65,8 +65,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from scheduler.domain import (
@@ -178,10 +178,11 @@ class Cand:
     move_cost: float = 0.0  # seconds a running job loses if it moves
     placed_model: str | None = None  # where it runs after this cycle
     freed: Placement | None = None  # its old placement, once requeued this cycle
+    stay_bonus: float = 0.0  # seconds a move must save beyond move_cost (margin x remaining)
+    gpus: int = 0  # GPUs it asks (set from the job)
 
-    @property
-    def gpus(self) -> int:
-        return max(1, self.job.gpus)
+    def __post_init__(self) -> None:
+        self.gpus = max(1, self.job.gpus)
 
     def cost(self, model: str) -> float:
         """Relative cost of running on ``model``: its slowdown there (move cost included)."""
@@ -191,7 +192,7 @@ class Cand:
         if self.running is not None and model != self.model:
             if self.pinned:
                 return _INF
-            r += self.move_cost
+            r += self.move_cost + self.stay_bonus
         return r / self.best if self.best > 0 else 1.0
 
 
@@ -217,73 +218,135 @@ def assign_models(cands: Sequence[Cand], capacity: Mapping[str, int]) -> dict[st
             by_id[c.job.id] = c
             left[best_m] -= c.gpus
     models = sorted(capacity)
+    sizes = sorted({c.gpus for c in by_id.values()})
     for _ in range(3):
+        groups: dict[tuple[str, int], list[Cand]] = {}
+        for jid, c in by_id.items():
+            groups.setdefault((out[jid], c.gpus), []).append(c)
         improved = False
         for g in models:
             for h in models:
                 if g >= h:
                     continue
-                improved |= _swap(by_id, out, left, g, h)
+                for k in sizes:
+                    improved |= _swap(groups, out, left, g, h, k)
         if not improved:
             break
     return out
 
 
 def _swap(
-    by_id: Mapping[str, Cand], out: dict[str, str], left: dict[str, int], g: str, h: str
+    groups: dict[tuple[str, int], list[Cand]],
+    out: dict[str, str],
+    left: dict[str, int],
+    g: str,
+    h: str,
+    k: int,
 ) -> bool:
-    """Improve the assignment between models ``g`` and ``h`` (see ``assign_models``)."""
-    improved = False
-    sizes = {c.gpus for c in by_id.values()}
-    for k in sorted(sizes):
-        on_g = [c for jid, c in by_id.items() if out[jid] == g and c.gpus == k]
-        on_h = [c for jid, c in by_id.items() if out[jid] == h and c.gpus == k]
-        # d: what moving to the other model costs (negative: a gain).
-        dg = sorted(((c.cost(h) - c.cost(g), c) for c in on_g), key=lambda x: x[0])
-        dh = sorted(((c.cost(g) - c.cost(h), c) for c in on_h), key=lambda x: x[0])
-        i = j = 0
-        while True:
-            # Moves into spare room first, then swaps.
-            if i < len(dg) and dg[i][0] < -1e-9 and left.get(h, 0) >= k:
-                c = dg[i][1]
-                out[c.job.id] = h
-                left[h] -= k
-                left[g] += k
-                i += 1
-                improved = True
-                continue
-            if j < len(dh) and dh[j][0] < -1e-9 and left.get(g, 0) >= k:
-                c = dh[j][1]
-                out[c.job.id] = g
-                left[g] -= k
-                left[h] += k
-                j += 1
-                improved = True
-                continue
-            if i < len(dg) and j < len(dh) and dg[i][0] + dh[j][0] < -1e-9:
-                out[dg[i][1].job.id] = h
-                out[dh[j][1].job.id] = g
-                i += 1
-                j += 1
-                improved = True
-                continue
-            break
-    return improved
+    """Improve the assignment of ``k``-GPU jobs between models ``g`` and ``h`` (moves into
+    spare room, then swaps of the pairs that gain most; see ``assign_models``)."""
+    on_g = groups.get((g, k), [])
+    on_h = groups.get((h, k), [])
+    if not on_g and not on_h:
+        return False
+    # d: what moving to the other model costs (negative: a gain).
+    dg = sorted(((c.cost(h) - c.cost(g), i) for i, c in enumerate(on_g)), key=lambda x: x[0])
+    dh = sorted(((c.cost(g) - c.cost(h), i) for i, c in enumerate(on_h)), key=lambda x: x[0])
+    to_h: list[int] = []
+    to_g: list[int] = []
+    i = j = 0
+    while True:
+        if i < len(dg) and dg[i][0] < -1e-9 and left.get(h, 0) >= k:
+            to_h.append(dg[i][1])
+            left[h] -= k
+            left[g] += k
+            i += 1
+            continue
+        if j < len(dh) and dh[j][0] < -1e-9 and left.get(g, 0) >= k:
+            to_g.append(dh[j][1])
+            left[g] -= k
+            left[h] += k
+            j += 1
+            continue
+        if i < len(dg) and j < len(dh) and dg[i][0] + dh[j][0] < -1e-9:
+            to_h.append(dg[i][1])
+            to_g.append(dh[j][1])
+            i += 1
+            j += 1
+            continue
+        break
+    if not to_h and not to_g:
+        return False
+    moved_h = [on_g[x] for x in to_h]
+    moved_g = [on_h[x] for x in to_g]
+    for c in moved_h:
+        out[c.job.id] = h
+    for c in moved_g:
+        out[c.job.id] = g
+    sh, sg = set(to_h), set(to_g)
+    groups[(g, k)] = [c for x, c in enumerate(on_g) if x not in sh] + moved_g
+    groups[(h, k)] = [c for x, c in enumerate(on_h) if x not in sg] + moved_h
+    return True
 
 
 # ----------------------------------------------------------------------------------------
 # The policy
 
 
-@dataclass
 class _Gpus:
-    """Free GPUs of one model, by node (node order kept)."""
+    """Free GPUs of one model: by node, and nodes bucketed by their free count (node order
+    kept within a bucket), so a best fit costs O(GPUs per node), not O(nodes)."""
 
-    free: dict[str, list[int]] = field(default_factory=dict)
-    cores: dict[str, int] = field(default_factory=dict)
+    def __init__(self) -> None:
+        self.free: dict[str, list[int]] = {}
+        self.buckets: dict[int, dict[str, None]] = {}
+        self.n = 0
 
     def total(self) -> int:
-        return sum(len(v) for v in self.free.values())
+        return self.n
+
+    def _move(self, node: str, old: int, new: int) -> None:
+        if old:
+            b = self.buckets[old]
+            del b[node]
+            if not b:
+                del self.buckets[old]
+        if new:
+            self.buckets.setdefault(new, {})[node] = None
+
+    def add(self, node: str, index: int) -> None:
+        lst = self.free.setdefault(node, [])
+        if index in lst:
+            return
+        lst.append(index)
+        lst.sort()
+        self.n += 1
+        self._move(node, len(lst) - 1, len(lst))
+
+    def take(self, node: str, k: int) -> tuple[int, ...]:
+        lst = self.free[node]
+        idx = tuple(lst[:k])
+        del lst[:k]
+        self.n -= len(idx)
+        self._move(node, len(lst) + len(idx), len(lst))
+        if not lst:
+            del self.free[node]
+        return idx
+
+    def best_fit(self, k: int, ok: Callable[[str], bool]) -> str | None:
+        """The node with the fewest free GPUs, at least ``k``, that ``ok`` accepts."""
+        for count in sorted(c for c in self.buckets if c >= k):
+            for node in self.buckets[count]:
+                if ok(node):
+                    return node
+        return None
+
+    def most_free(self, ok: Callable[[str], bool]) -> list[tuple[int, str]]:
+        """(free count, node) of the nodes ``ok`` accepts, most free first."""
+        out: list[tuple[int, str]] = []
+        for count in sorted(self.buckets, reverse=True):
+            out.extend((count, node) for node in self.buckets[count] if ok(node))
+        return out
 
 
 def _residual(
@@ -309,16 +372,26 @@ def _residual(
             cores_used[part.node] = cores_used.get(part.node, 0) + part.cpus
         for key in pl.gpu_keys:
             placed.setdefault(key, []).append((pending.get(pl.job_id), pl))
+    touched = set(cores_used) | {node for node, _ in placed}
+    gone_keys: set[tuple[str, int]] = set()
+    for jid in requeued:
+        rj = running.get(jid)
+        if rj is not None:
+            gone_keys.update(rj.placement.gpu_keys)
+            touched.update(rj.placement.nodes)
     out = []
     for n in state.nodes:
-        if n.name not in cores_used and not any(
-            (n.name, g.index) in placed or set(g.job_ids) & requeued for g in n.gpus
-        ):
+        if n.name not in touched:
             out.append(n)
             continue
         gpus = []
         for g in n.gpus:
-            new = placed.get((n.name, g.index), [])
+            key = (n.name, g.index)
+            new = placed.get(key)
+            if new is None and key not in gone_keys:
+                gpus.append(g)
+                continue
+            new = new or []
             ids = tuple(j for j in g.job_ids if j not in requeued)
             mem = g.committed_memory_mb - sum(freed.get(j, 0.0) for j in g.job_ids)
             ids += tuple(pl.job_id for _, pl in new)
@@ -471,6 +544,7 @@ class HeteroSrtfPolicy(Policy):
             c.running = rj
             c.model = node_model.get(rj.placement.node)
             c.move_cost = self.cost_s
+            c.stay_bonus = self.margin * c.rem.get(c.model or "", 0.0)
             c.pinned = self.preemptions.get(rj.job.id, 0) >= self.max_preemptions
             shared = any(
                 len(gpu_jobs.get(key, ())) > 1 and gpu_jobs[key][0] != rj.job.id
@@ -522,7 +596,7 @@ class HeteroSrtfPolicy(Policy):
                 continue
             for g in n.gpus:
                 if not g.job_ids:
-                    free[g.spec.model].free.setdefault(n.name, []).append(g.index)
+                    free[g.spec.model].add(n.name, g.index)
         chosen_ids = set(assignment)
         keep: list[Cand] = []
         to_start: list[Cand] = []
@@ -664,11 +738,7 @@ class HeteroSrtfPolicy(Policy):
             jobs = tuple(j for j in gpu_jobs.get(key, ()) if j != c.job.id)
             gpu_jobs[key] = jobs
             if not jobs and c.model is not None:
-                node, idx = key
-                lst = free[c.model].free.setdefault(node, [])
-                if idx not in lst:
-                    lst.append(idx)
-                    lst.sort()
+                free[c.model].add(*key)
         # Cores come back too (per node of its placement).
         c.running = None
         c.model = None
@@ -684,45 +754,34 @@ class HeteroSrtfPolicy(Policy):
             for part in c.freed.parts:
                 cores[part.node] = cores.get(part.node, 0) + part.cpus
             c.freed = None
-        fits = [
-            (len(idx), node)
-            for node, idx in gpus.free.items()
-            if len(idx) >= k and cores.get(node, 0) >= need
-        ]
         spec = self._specs.get(model)
         mps = self.pack and spec is not None and spec.supports(SharingMode.MPS)
         mode = SharingMode.MPS if mps else SharingMode.EXCLUSIVE
-        if fits:
-            _, node = min(fits)
-            idx = gpus.free[node][:k]
-            del gpus.free[node][:k]
-            if not gpus.free[node]:
-                del gpus.free[node]
+
+        def ok(node: str) -> bool:
+            return cores.get(node, 0) >= need
+
+        node = gpus.best_fit(k, ok)
+        if node is not None:
             cores[node] -= need
-            return Placement(c.job.id, node, tuple(idx), mode=mode, cpus=need)
+            return Placement(c.job.id, node, gpus.take(node, k), mode=mode, cpus=need)
         if k <= self._max_node.get(model, 0):
             return None  # one node holds it: it waits for one rather than spread
         # A gang: fewest nodes (most free first).
-        avail = sorted(
-            ((len(idx), node) for node, idx in gpus.free.items() if cores.get(node, 0) >= need),
-            key=lambda x: (-x[0], x[1]),
-        )
+        if gpus.total() < k:
+            return None
+        avail = gpus.most_free(ok)
         if sum(a for a, _ in avail) < k:
             return None
         parts: list[PlacementPart] = []
         got = 0
-        for a, node in avail:
+        for a, name in avail:
             take = min(a, k - got)
-            idx = gpus.free[node][:take]
-            parts.append(PlacementPart(node, tuple(idx), need))
+            parts.append(PlacementPart(name, gpus.take(name, take), need))
+            cores[name] -= need
             got += take
             if got >= k:
                 break
-        for part in parts:
-            del gpus.free[part.node][: len(part.gpu_indices)]
-            if not gpus.free[part.node]:
-                del gpus.free[part.node]
-            cores[part.node] -= need
         first = parts[0]
         return Placement(
             c.job.id, first.node, first.gpu_indices, mode=mode, cpus=need, more=tuple(parts[1:])
@@ -755,38 +814,52 @@ class HeteroSrtfPolicy(Policy):
         cores: dict[str, int],
         decisions: list[Decision],
     ) -> None:
-        """Step 6 of the module docstring: waiting jobs join single-job GPUs (best pair)."""
-        hosts: dict[int, list[tuple[tuple[tuple[str, int], ...], Cand]]] = {}
+        """Step 6 of the module docstring: waiting jobs join single-job GPUs (best pair).
+
+        Hosts are grouped by (GPU count, model, job type, owner): the pair value depends only
+        on that, so each waiting job looks at the groups, not at every host."""
+        Key = tuple[tuple[str, int], ...]
+        groups: dict[tuple[int, str, str | None, str | None], list[tuple[Key, Cand]]] = {}
         for keys, h in host_of.items():
-            if h.guest or h.placed_model is None:
+            m = h.placed_model
+            if h.guest or m is None or m not in specs:
+                continue
+            if not specs[m].supports(SharingMode.MPS):
+                continue
+            if h.running is not None and h.running.placement.mode != SharingMode.MPS:
                 continue
             if any(len(gpu_jobs.get(k, ())) > 1 for k in keys):
                 continue
-            hosts.setdefault(h.gpus, []).append((keys, h))
-        taken: set[tuple[tuple[str, int], ...]] = set()
+            groups.setdefault((h.gpus, m, h.job.job_type, h.job.owner), []).append((keys, h))
+        by_size: dict[int, list[tuple[str, str | None, str | None]]] = {}
+        for k, m, t, o in groups:
+            by_size.setdefault(k, []).append((m, t, o))
+        taken: set[Key] = set()
+        left = sum(len(v) for v in groups.values())
         for c in pending:
+            if left <= 0:
+                break
             if c.job.id in started or c.job.id in waiting:
                 continue
-            best: tuple[float, tuple[tuple[str, int], ...], Cand, str] | None = None
-            for keys, h in hosts.get(c.gpus, ()):
-                if keys in taken or h.job.owner != c.job.owner:
+            best: tuple[float, Key, Cand, str] | None = None
+            need_mb = c.job.memory_need_mb()
+            for m, t, owner in by_size.get(c.gpus, ()):
+                if owner != c.job.owner or m not in c.rem:
                     continue
-                m = h.placed_model
-                if m is None or m not in c.rem or m not in specs:
-                    continue
-                if h.running is not None and h.running.placement.mode != SharingMode.MPS:
-                    continue
-                spec = specs[m]
-                if not spec.supports(SharingMode.MPS):
-                    continue
-                if h.job.memory_need_mb() + c.job.memory_need_mb() > spec.memory_mb:
-                    continue
-                norms = self._pair_norms(c.job, h.job, specs[m])
+                members = groups[(c.gpus, m, t, owner)]
+                norms = self._pair_norms(c.job, members[0][1].job, specs[m])
                 if norms is None or not worth_packing(norms[0], norms[1], self.pack_threshold):
                     continue
                 value = pair_value(*norms)
-                if best is None or value > best[0]:
+                if best is not None and value <= best[0]:
+                    continue
+                for keys, h in members:
+                    if keys in taken:
+                        continue
+                    if h.job.memory_need_mb() + need_mb > specs[m].memory_mb:
+                        continue
                     best = (value, keys, h, m)
+                    break
             if best is None:
                 continue
             value, keys, h, m = best
@@ -810,6 +883,7 @@ class HeteroSrtfPolicy(Policy):
                 more=tuple(parts[1:]),
             )
             taken.add(keys)
+            left -= 1
             started.add(c.job.id)
             decisions.append(
                 Decision(
