@@ -40,7 +40,7 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
 
 
 - ``aging`` (0.5): weight of a job's age, in multiples of its own length, in its key.
-- ``preemption_cost_s`` (0): estimated checkpoint-and-restart time; a preemption or move
+- ``preemption_cost_s`` (60): estimated checkpoint-and-restart time; a preemption or move
   must save more than this (the simulator passes its ``--preemption-cost-s``).
 - ``preempt_margin`` (0.1): a waiting job must be this fraction shorter than a running one.
 - ``max_preemptions`` (5): preemptions (moves included) of one job before it keeps its GPUs.
@@ -293,6 +293,20 @@ def _swap(
 # The policy
 
 
+class _NodeFacts:
+    """What the policy reads of one up GPU node (cached per ``NodeState`` object)."""
+
+    __slots__ = ("state", "model", "spec", "size", "idle", "shared")
+
+    def __init__(self, n: NodeState) -> None:
+        self.state = n
+        self.spec = n.gpus[0].spec
+        self.model = self.spec.model
+        self.size = len(n.gpus)
+        self.idle = tuple(g.index for g in n.gpus if not g.job_ids)
+        self.shared = any(len(g.job_ids) > 1 for g in n.gpus)
+
+
 class _Gpus:
     """Free GPUs of one model: by node, and nodes bucketed by their free count (node order
     kept within a bucket), so a best fit costs O(GPUs per node), not O(nodes)."""
@@ -313,6 +327,13 @@ class _Gpus:
                 del self.buckets[old]
         if new:
             self.buckets.setdefault(new, {})[node] = None
+
+    def fill(self, node: str, indices: list[int]) -> None:
+        """Set ``node``'s free GPUs (a node not seen yet)."""
+        if indices:
+            self.free[node] = indices
+            self.n += len(indices)
+            self.buckets.setdefault(len(indices), {})[node] = None
 
     def add(self, node: str, index: int) -> None:
         lst = self.free.setdefault(node, [])
@@ -405,6 +426,8 @@ def _residual(
 
 
 def _fmt_h(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "an unknown time"
     if seconds < 3600:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
@@ -418,7 +441,7 @@ class HeteroSrtfPolicy(Policy):
         **framework_defaults,
         "backfill": True,
         "aging": 0.5,
-        "preemption_cost_s": 0.0,
+        "preemption_cost_s": 60.0,
         "preempt_margin": 0.1,
         "max_preemptions": 5,
         "pack_threshold": 1.2,
@@ -464,6 +487,8 @@ class HeteroSrtfPolicy(Policy):
         self._pairs: Any = None
         self._max_node: dict[str, int] = {}
         self._specs: dict[str, GpuSpec] = {}
+        self._node_cache: dict[str, _NodeFacts] = {}
+        self._faster: dict[str, tuple[str, ...]] = {}  # job id -> models faster than its own
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -481,27 +506,32 @@ class HeteroSrtfPolicy(Policy):
 
     def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
         now = state.now_s
-        # GPUs per model on up nodes, the specs, and each GPU's jobs.
+        # GPUs per model on up nodes, the specs, idle GPUs (per-node facts cached while the
+        # snapshot hands the same NodeState object: unchanged nodes cost a lookup).
         counts: dict[str, int] = {}
         specs: dict[str, GpuSpec] = {}
-        nodes_by_model: dict[str, list[str]] = {}
-        gpu_jobs: dict[tuple[str, int], tuple[str, ...]] = {}
         free_cores: dict[str, int] = {}
         node_model: dict[str, str] = {}
+        max_node: dict[str, int] = {}
+        entries: list[_NodeFacts] = []
+        any_shared = False
+        cache = self._node_cache
         for n in state.nodes:
             if not n.up or not n.gpus:
                 continue
+            e = cache.get(n.name)
+            if e is None or e.state is not n:
+                e = _NodeFacts(n)
+                cache[n.name] = e
+            entries.append(e)
+            m = e.model
+            counts[m] = counts.get(m, 0) + e.size
+            specs[m] = e.spec
+            node_model[n.name] = m
             free_cores[n.name] = n.free_cores
-            for g in n.gpus:
-                m = g.spec.model
-                counts[m] = counts.get(m, 0) + 1
-                specs[m] = g.spec
-                node_model[n.name] = m
-                gpu_jobs[(n.name, g.index)] = g.job_ids
-            m0 = n.gpus[0].spec.model
-            nodes_by_model.setdefault(m0, []).append(n.name)
-        per_node = {n.name: len(n.gpus) for n in state.nodes if n.up and n.gpus}
-        max_node = {m: max(per_node[x] for x in names) for m, names in nodes_by_model.items()}
+            if e.size > max_node.get(m, 0):
+                max_node[m] = e.size
+            any_shared = any_shared or e.shared
         self._max_node = max_node
         self._specs = specs
         models = sorted(counts)
@@ -516,7 +546,12 @@ class HeteroSrtfPolicy(Policy):
                 spread[node_model.get(rj.placement.node, "")] = True
             rem = remaining_times(job, progress, models, spread=spread)
             need = job.memory_need_mb()
-            rem = {m: r for m, r in rem.items() if counts[m] >= k and specs[m].memory_mb >= need}
+            here = node_model.get(rj.placement.node) if rj is not None else None
+            rem = {
+                m: r
+                for m, r in rem.items()
+                if m == here or (counts[m] >= k and specs[m].memory_mb >= need)
+            }
             if not rem:
                 return None
             best = min(rem.values())
@@ -531,6 +566,29 @@ class HeteroSrtfPolicy(Policy):
                     key = -rho
             return Cand(job, rem, best, key)
 
+        pending: list[Cand] = []
+        waiting: dict[str, str] = {}
+        others: list[JobSpec] = []  # for the fallback
+        for job in state.pending:
+            c = make(job, None) if job.gpus > 0 else None
+            if c is None:
+                others.append(job)
+            else:
+                pending.append(c)
+        pending.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
+        free: dict[str, _Gpus] = {m: _Gpus() for m in models}
+        for e in entries:
+            if e.idle:
+                free[e.model].fill(e.state.name, list(e.idle))
+        # Fast path: every pending job gets a model among the idle GPUs and nothing is packed,
+        # so nobody needs to be preempted; only moves to idle, faster GPUs are weighed.
+        if not others and not any_shared:
+            fast = self._fast_plan(state, pending, free, free_cores, node_model, models)
+            if fast is not None:
+                return fast
+        gpu_jobs: dict[tuple[str, int], tuple[str, ...]] = {
+            (e.state.name, g.index): g.job_ids for e in entries for g in e.state.gpus
+        }
         running: list[Cand] = []
         guests: list[Cand] = []
         for rj in state.running:
@@ -555,16 +613,6 @@ class HeteroSrtfPolicy(Policy):
                 guests.append(c)
             else:
                 running.append(c)
-        pending: list[Cand] = []
-        waiting: dict[str, str] = {}
-        others: list[JobSpec] = []  # for the fallback
-        for job in state.pending:
-            c = make(job, None) if job.gpus > 0 else None
-            if c is None:
-                others.append(job)
-            else:
-                pending.append(c)
-        pending.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
 
         # 3. Who runs: merge by (defended) key.
         def rank(c: Cand) -> tuple[float, int, float, str]:
@@ -590,13 +638,6 @@ class HeteroSrtfPolicy(Policy):
         # 5. Where.
         actions: list[Action] = []
         decisions: list[Decision] = []
-        free: dict[str, _Gpus] = {m: _Gpus() for m in models}
-        for n in state.nodes:
-            if not n.up or not n.gpus:
-                continue
-            for g in n.gpus:
-                if not g.job_ids:
-                    free[g.spec.model].add(n.name, g.index)
         chosen_ids = set(assignment)
         keep: list[Cand] = []
         to_start: list[Cand] = []
@@ -608,7 +649,8 @@ class HeteroSrtfPolicy(Policy):
                 if target is not None:
                     to_start.append(c)
                 why = (
-                    f"moved from {c.model} to {target} (about {_fmt_h(c.rem[c.model or ''])} "
+                    f"moved from {c.model} to {target} (about "
+                    f"{_fmt_h(c.rem.get(c.model or '', math.nan))} "
                     f"left there, {_fmt_h(c.rem[target])} on {target})"
                     if target is not None
                     else "preempted for shorter jobs (its key "
@@ -656,7 +698,7 @@ class HeteroSrtfPolicy(Policy):
                 if c.running is not None:
                     # A packed job moves to a GPU of its own if that pays the move.
                     shared_rem = c.rem.get(c.model or "", _INF) * 2
-                    if c.rem[m] + self.cost_s >= shared_rem:
+                    if rem[m] + self.cost_s >= shared_rem:
                         continue
                     self._requeue(c, f"moved to a GPU of its own on {m}", actions, free, gpu_jobs)
                 pl = self._place(c, m, free[m], cores)
@@ -721,6 +763,138 @@ class HeteroSrtfPolicy(Policy):
             for jid, reason in extra.waiting.items():
                 waiting[jid] = f"{reason}; {mine[jid]}" if jid in mine else reason
         return Plan(decisions=tuple(decisions), actions=tuple(actions), waiting=waiting)
+
+    def _fast_plan(
+        self,
+        state: ClusterState,
+        pending: Sequence[Cand],
+        free: dict[str, _Gpus],
+        free_cores: Mapping[str, int],
+        node_model: Mapping[str, str],
+        models: Sequence[str],
+    ) -> Plan | None:
+        """The plan when the idle GPUs hold every pending job (None: they do not)."""
+        idle = {m: free[m].total() for m in models}
+        if sum(c.gpus for c in pending) > sum(idle.values()):
+            return None
+        assignment = assign_models(pending, idle)
+        if len(assignment) < len(pending):
+            return None
+        cores = dict(free_cores)
+        decisions: list[Decision] = []
+        placed: list[tuple[Cand, Placement, str]] = []
+        for c in sorted(pending, key=lambda c: -c.gpus):
+            m = assignment[c.job.id]
+            pl = self._place(c, m, free[m], cores)
+            if pl is None:  # fragmentation: the full plan decides
+                return None
+            placed.append((c, pl, m))
+        for c, pl, m in placed:
+            c.placed_model = m
+            decisions.append(self._decision(c, pl, m, "idle GPUs for every pending job"))
+        actions: list[Action] = []
+        gpu_jobs: dict[tuple[str, int], tuple[str, ...]] = {}
+        if any(f.total() for f in free.values()):
+            self._fast_moves(state, free, cores, node_model, decisions, actions, gpu_jobs)
+        return Plan(decisions=tuple(decisions), actions=tuple(actions), waiting={})
+
+    def _fast_moves(
+        self,
+        state: ClusterState,
+        free: dict[str, _Gpus],
+        cores: dict[str, int],
+        node_model: Mapping[str, str],
+        decisions: list[Decision],
+        actions: list[Action],
+        gpu_jobs: dict[tuple[str, int], tuple[str, ...]],
+    ) -> None:
+        """Running jobs move to idle GPUs of a faster model when that saves more than the move
+        cost plus ``preempt_margin`` of their remaining time (largest saving first)."""
+        room = {m for m, f in free.items() if f.total() > 0}
+        movers: list[tuple[float, str, RunningJob, str]] = []
+        faster_cache = self._faster
+        for rj in state.running:
+            pl = rj.placement
+            # Models faster than the one it is on (cached per job and node).
+            fkey = f"{rj.job.id}@{pl.node}"
+            faster = faster_cache.get(fkey)
+            if faster is None:
+                faster = self._faster_models(rj, node_model)
+                faster_cache[fkey] = faster
+            if not faster or room.isdisjoint(faster):
+                continue
+            if rj.paused or pl.is_gang or not pl.gpu_indices or rj.job.profile is None:
+                continue
+            if pl.mode not in (SharingMode.MPS, SharingMode.EXCLUSIVE):
+                continue
+            if self.preemptions.get(rj.job.id, 0) >= self.max_preemptions:
+                continue
+            times = rj.job.profile.gpu_time_s
+            cur = node_model.get(pl.node)
+            t_cur = times.get(cur or "")
+            if not t_cur:
+                continue
+            k = max(1, rj.job.gpus)
+            need = rj.job.memory_need_mb()
+            left = max(0.0, 1.0 - rj.progress)
+            best_gain, best_m = 0.0, ""
+            for m in faster:
+                if m not in room:
+                    continue
+                t = times.get(m)
+                if not t or t >= t_cur or free[m].total() < k:
+                    continue
+                if self._specs[m].memory_mb < need:
+                    continue
+                gain = left * (t_cur - t) - self.cost_s - self.margin * left * t_cur
+                if gain > best_gain:
+                    best_gain, best_m = gain, m
+            if best_m:
+                movers.append((best_gain, rj.job.id, rj, best_m))
+        movers.sort(key=lambda x: (-x[0], x[1]))
+        for _, _, rj, m in movers:
+            need_cores = max(1, rj.job.cpus)
+            back = {p.node: p.cpus for p in rj.placement.parts}
+
+            def ok(node: str, need_cores: int = need_cores, back: dict = back) -> bool:
+                return cores.get(node, 0) + back.get(node, 0) >= need_cores
+
+            if free[m].best_fit(max(1, rj.job.gpus), ok) is None:
+                continue
+            c = Cand(
+                rj.job,
+                remaining_times(rj.job, rj.progress, [m, node_model[rj.placement.node]]),
+                0.0,
+                0.0,
+            )
+            c.best = min(c.rem.values())
+            c.key = c.best
+            c.running = rj
+            c.model = node_model.get(rj.placement.node)
+            for key in rj.placement.gpu_keys:
+                gpu_jobs.setdefault(key, (rj.job.id,))
+            self._requeue(
+                c,
+                f"moved from {c.model} to {m}: about {_fmt_h(c.rem.get(c.model or '', math.nan))} "
+                f"left there, {_fmt_h(c.rem[m])} on {m}",
+                actions,
+                free,
+                gpu_jobs,
+            )
+            new_pl = self._place(c, m, free[m], cores)
+            if new_pl is None:  # room was checked above
+                raise AssertionError(f"hetero_srtf: no room left on {m} for {rj.job.id}")
+            c.placed_model = m
+            decisions.append(self._decision(c, new_pl, m, "moved to an idle, faster GPU"))
+
+    def _faster_models(self, rj: RunningJob, node_model: Mapping[str, str]) -> tuple[str, ...]:
+        """The models of the cluster on which ``rj`` would run faster than where it runs."""
+        prof = rj.job.profile
+        cur = node_model.get(rj.placement.node)
+        if prof is None or cur is None or cur not in prof.gpu_time_s:
+            return ()
+        t_cur = prof.gpu_time_s[cur]
+        return tuple(m for m, t in sorted(prof.gpu_time_s.items(), key=lambda x: x[1]) if t < t_cur)
 
     def _requeue(
         self,
