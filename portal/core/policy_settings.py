@@ -196,6 +196,14 @@ _KNOWN: dict[str, ParamSpec] = {
             0,
             1e7,
         ),
+        ParamSpec(
+            "replan_limit",
+            INT,
+            "hetero_srtf: above this many running jobs, only those a waiting job could preempt "
+            "are re-planned",
+            0,
+            10_000_000,
+        ),
     )
 }
 

@@ -48,6 +48,11 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
   reaches this many jobs' worth (0: never pack).
 - ``ftf_cap`` (0): finish-time-fairness cap; jobs predicted at or above it go first (0: off).
 - ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
+- ``replan_limit`` (512): with more running jobs than this, a running job that no waiting job
+  could preempt (its defended key at most the smallest waiting key; estimated from its fastest
+  model) keeps its GPUs and model without entering the assignment, so a cycle's work grows
+  with the jobs that may change, not with the cluster. Below it every running job is
+  re-planned (moves between models included).
 
 Jobs it cannot estimate (CPU jobs, jobs without a profiled time on a GPU model of the
 cluster that holds their memory, jobs larger than every model) are handed, on what is left
@@ -447,6 +452,7 @@ class HeteroSrtfPolicy(Policy):
         "pack_threshold": 1.2,
         "ftf_cap": 0.0,
         "tick_s": 0.0,
+        "replan_limit": 512,
     }
 
     def __init__(self, **params: Any) -> None:
@@ -460,6 +466,7 @@ class HeteroSrtfPolicy(Policy):
             self.pack_threshold = float(p["pack_threshold"])
             self.ftf_cap = float(p["ftf_cap"])
             tick = float(p["tick_s"])
+            self.replan_limit = int(p["replan_limit"])
         except (TypeError, ValueError) as exc:
             raise PolicyError(f"policy 'hetero_srtf': bad parameter ({exc})") from None
         checks = (
@@ -470,6 +477,7 @@ class HeteroSrtfPolicy(Policy):
             ("pack_threshold", 0 <= self.pack_threshold <= 2),
             ("ftf_cap", 0 <= self.ftf_cap <= 1e6),
             ("tick_s", 0 <= tick <= 1e7),
+            ("replan_limit", 0 <= self.replan_limit <= 10_000_000),
         )
         for name, ok in checks:
             if not ok:
@@ -591,23 +599,41 @@ class HeteroSrtfPolicy(Policy):
         }
         running: list[Cand] = []
         guests: list[Cand] = []
+        fixed: list[Cand] = []
+        capacity = dict(counts)
+        min_pending = min((c.key for c in pending), default=_INF)
+        # Above replan_limit running jobs, the ones no waiting job could preempt keep their
+        # GPUs and model without a full estimate (bounded work on large clusters).
+        bounded = ftf <= 0 and len(state.running) > self.replan_limit
         for rj in state.running:
             if rj.paused or not rj.placement.gpu_indices:
                 continue
             if rj.placement.mode not in (SharingMode.MPS, SharingMode.EXCLUSIVE):
                 continue  # time-sliced or MIG by someone else: left alone
-            c = make(rj.job, rj)
-            if c is None:
-                continue
-            c.running = rj
-            c.model = node_model.get(rj.placement.node)
-            c.move_cost = self.cost_s
-            c.stay_bonus = self.margin * c.rem.get(c.model or "", 0.0)
-            c.pinned = self.preemptions.get(rj.job.id, 0) >= self.max_preemptions
             shared = any(
                 len(gpu_jobs.get(key, ())) > 1 and gpu_jobs[key][0] != rj.job.id
                 for key in rj.placement.gpu_keys
             )
+            here = node_model.get(rj.placement.node)
+            pinned = self.preemptions.get(rj.job.id, 0) >= self.max_preemptions
+            if bounded and not shared and here is not None:
+                # A job no waiting job could preempt keeps its GPUs without a full estimate.
+                quick = self._quick_key(rj, now, models)
+                if quick is not None and (
+                    pinned or defended_key(quick, self.cost_s, self.margin) <= min_pending
+                ):
+                    f = Cand(rj.job, {}, 0.0, quick, running=rj, model=here, pinned=True)
+                    fixed.append(f)
+                    capacity[here] -= f.gpus
+                    continue
+            c = make(rj.job, rj)
+            if c is None:
+                continue
+            c.running = rj
+            c.model = here
+            c.move_cost = self.cost_s
+            c.stay_bonus = self.margin * c.rem.get(c.model or "", 0.0)
+            c.pinned = pinned
             if shared:
                 c.guest = True
                 guests.append(c)
@@ -624,7 +650,7 @@ class HeteroSrtfPolicy(Policy):
 
         ordered = sorted(running, key=rank) + pending  # pending already sorted
         ordered.sort(key=rank)
-        cap_left = sum(counts.values())
+        cap_left = sum(capacity.values())
         chosen: list[Cand] = []
         for c in ordered:
             if cap_left <= 0:
@@ -633,7 +659,7 @@ class HeteroSrtfPolicy(Policy):
                 chosen.append(c)
                 cap_left -= c.gpus
         # 4. Which model.
-        assignment = assign_models(chosen, counts)
+        assignment = assign_models(chosen, capacity)
 
         # 5. Where.
         actions: list[Action] = []
@@ -666,6 +692,7 @@ class HeteroSrtfPolicy(Policy):
         cores = dict(free_cores)
         started: set[str] = set()
         host_of: dict[tuple[tuple[str, int], ...], Cand] = {}
+        keep.extend(fixed)
         for c in keep:
             c.placed_model = c.model
             if c.running is not None:
@@ -735,6 +762,7 @@ class HeteroSrtfPolicy(Policy):
             requeued = {a.job_id for a in actions}
             specs_by_id = {c.job.id: c.job for c in pending} | {c.job.id: c.job for c in running}
             specs_by_id |= {c.job.id: c.job for c in guests}
+            specs_by_id |= {c.job.id: c.job for c in fixed}
             placed_now = tuple(
                 RunningJob(specs_by_id[d.placement.job_id], d.placement, now, 0.0)
                 for d in decisions
@@ -886,6 +914,20 @@ class HeteroSrtfPolicy(Policy):
                 raise AssertionError(f"hetero_srtf: no room left on {m} for {rj.job.id}")
             c.placed_model = m
             decisions.append(self._decision(c, new_pl, m, "moved to an idle, faster GPU"))
+
+    def _quick_key(self, rj: RunningJob, now: float, models: Sequence[str]) -> float | None:
+        """A running job's key from its fastest model's consolidated time (no spread or memory
+        filter): enough to tell that no waiting job could preempt it."""
+        prof = rj.job.profile
+        if prof is None:
+            return None
+        times = [t for m, t in prof.gpu_time_s.items() if t > 0 and m in models]
+        if not times:
+            return None
+        solo = min(times)
+        return priority_key(
+            max(0.0, 1.0 - rj.progress) * solo, solo, now - rj.job.arrival_s, self.aging
+        )
 
     def _faster_models(self, rj: RunningJob, node_model: Mapping[str, str]) -> tuple[str, ...]:
         """The models of the cluster on which ``rj`` would run faster than where it runs."""
