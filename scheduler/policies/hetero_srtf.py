@@ -98,14 +98,26 @@ _INF = math.inf
 # The pure core (unit-tested one by one)
 
 
+#: A running job that reports all of its declared work done but has not ended overran its
+#: estimate; it is assumed to need this fraction of the declared work again.
+OVERRUN_LEFT = 0.25
+
+
+def remaining_fraction(progress: float) -> float:
+    """Fraction of its declared work a job still needs: ``1 - progress``, or ``OVERRUN_LEFT``
+    once it reports everything done while still running."""
+    return OVERRUN_LEFT if progress >= 1.0 else max(0.0, 1.0 - progress)
+
+
 def remaining_times(
     job: JobSpec, progress: float, models: Iterable[str], *, spread: Mapping[str, bool] = {}
 ) -> dict[str, float]:
     """Estimated solo seconds left for ``job`` on each model of ``models`` it has a time for:
-    ``(1 - progress) x`` the profile's time (spread over nodes where ``spread[model]``)."""
+    ``remaining_fraction(progress) x`` the profile's time (spread over nodes where
+    ``spread[model]``)."""
     if job.profile is None:
         return {}
-    left = max(0.0, 1.0 - progress)
+    left = remaining_fraction(progress)
     out = {}
     for m in models:
         t = job.run_time_s(m, spread=spread.get(m, False))
@@ -563,11 +575,12 @@ class HeteroSrtfPolicy(Policy):
             if not rem:
                 return None
             best = min(rem.values())
-            solo_best = best / max(1e-9, 1.0 - progress) if progress < 1 else best
+            left = remaining_fraction(progress)
+            solo_best = best / left if left > 0 else best
             age = now - job.arrival_s
             key = priority_key(best, solo_best, age, self.aging)
             if ftf > 0:
-                full = {m: r / max(1e-9, 1.0 - progress) for m, r in rem.items()}
+                full = {m: r / max(1e-9, left) for m, r in rem.items()}
                 iso = isolated_time_s(full, counts, k, n_jobs)
                 rho = (age + best) / iso if iso > 0 else 0.0
                 if rho >= ftf:
@@ -864,7 +877,7 @@ class HeteroSrtfPolicy(Policy):
                 continue
             k = max(1, rj.job.gpus)
             need = rj.job.memory_need_mb()
-            left = max(0.0, 1.0 - rj.progress)
+            left = remaining_fraction(rj.progress)
             best_gain, best_m = 0.0, ""
             for m in faster:
                 if m not in room:
@@ -926,7 +939,7 @@ class HeteroSrtfPolicy(Policy):
             return None
         solo = min(times)
         return priority_key(
-            max(0.0, 1.0 - rj.progress) * solo, solo, now - rj.job.arrival_s, self.aging
+            remaining_fraction(rj.progress) * solo, solo, now - rj.job.arrival_s, self.aging
         )
 
     def _faster_models(self, rj: RunningJob, node_model: Mapping[str, str]) -> tuple[str, ...]:

@@ -11,12 +11,14 @@ from scheduler.domain import ActionKind, ClusterState, JobSpec, Profile, Sharing
 from scheduler.interference import MeasuredInterference
 from scheduler.policies.base import PolicyError
 from scheduler.policies.hetero_srtf import (
+    OVERRUN_LEFT,
     Cand,
     HeteroSrtfPolicy,
     assign_models,
     defended_key,
     isolated_time_s,
     priority_key,
+    remaining_fraction,
     remaining_times,
     should_preempt,
     worth_packing,
@@ -54,6 +56,15 @@ def test_remaining_times_scale_with_progress_and_skip_unprofiled_models() -> Non
     j = gjob("a", {"V100": 100.0, "K80": 400.0})
     assert remaining_times(j, 0.25, ["V100", "K80", "P100"]) == {"V100": 75.0, "K80": 300.0}
     assert remaining_times(j, 1.0, ["V100"]) == {"V100": 0.0}
+
+
+def test_a_job_past_its_declared_work_is_not_treated_as_finished() -> None:
+    # Noisy estimates: a job that reports all its declared work done but still runs is
+    # assumed to need OVERRUN_LEFT of it again (not 0, which would put it first for ever).
+    assert remaining_fraction(0.4) == pytest.approx(0.6)
+    assert remaining_fraction(1.0) == OVERRUN_LEFT > 0
+    j = gjob("a", {"V100": 100.0})
+    assert remaining_times(j, 1.0, ["V100"]) == {"V100": 100.0 * OVERRUN_LEFT}
 
 
 def test_priority_key_orders_by_remaining_and_ages() -> None:
