@@ -1020,7 +1020,7 @@ class HeteroSrtfPolicy(Policy):
         others = sorted((r, m) for m, r in c.rem.items() if m != model)
         there = c.rem[model]
         vs = (
-            f"; {others[0][0] / there:.2f}x its time on {others[0][1]}"
+            f"; {others[0][1]}, its next best, would take {others[0][0] / there:.2f}x as long"
             if others and there > 0
             else ""
         )
