@@ -165,8 +165,21 @@ def _fmt(row: dict[str, Any]) -> str:
     )
 
 
+_METRICS = ("avg_jct_s", "makespan_s", "p99_jct_s", "max_ftf", "preemptions_per_job")
+
+
+def _setting(r: dict[str, Any]) -> str:
+    if r["noise"]:
+        return (
+            f"noisy estimates (sigma {r['noise']:g}, {r.get('seeds', 1)} seeds), {r['cost_s']:g} s"
+        )
+    return f"cost {r['cost_s']:g} s"
+
+
 def markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """One table per scenario: a row per policy and setting."""
+    """One table per scenario: a row per policy and setting; a policy whose settings all gave
+    the same figures (it never preempts, and noise scales every model's time alike) gets one
+    row, "every setting"."""
     out = []
     for sc in dict.fromkeys(r["scenario"] for r in rows):
         out.append(f"**`{sc}`**\n")
@@ -175,22 +188,23 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
             "max FTF ratio | preemptions / job |"
         )
         out.append("|---|---|---:|---:|---:|---:|---:|---:|")
-        for r in rows:
-            if r["scenario"] != sc:
-                continue
-            setting = (
-                f"noisy (sigma {r['noise']:g}, {r.get('seeds', 1)} seeds), {r['cost_s']:g} s"
-                if r["noise"]
-                else f"cost {r['cost_s']:g} s"
+        mine = [r for r in rows if r["scenario"] == sc]
+        for pol in dict.fromkeys(r["policy"] for r in mine):
+            group = [r for r in mine if r["policy"] == pol]
+            same = all(r["status"] == "complete" for r in group) and all(
+                all(r[k] == group[0][k] for k in _METRICS) for r in group
             )
-            if r["status"] != "complete":
-                out.append(f"| {r['policy']} | {setting} | {r['status']} | | | | | |")
-                continue
-            out.append(
-                f"| {r['policy']} | {setting} | {r['avg_jct_s']:,.0f} | "
-                f"{r['avg_jct_s'] / 3600:.2f} | {r['makespan_s']:,.0f} | {r['p99_jct_s']:,.0f} | "
-                f"{r['max_ftf']:.2f} | {r['preemptions_per_job']:.2f} |"
-            )
+            for r in group[:1] if same and len(group) > 1 else group:
+                setting = "every setting (identical)" if same and len(group) > 1 else _setting(r)
+                if r["status"] != "complete":
+                    out.append(f"| {pol} | {setting} | {r['status']} | | | | | |")
+                    continue
+                out.append(
+                    f"| {pol} | {setting} | {r['avg_jct_s']:,.0f} | "
+                    f"{r['avg_jct_s'] / 3600:.2f} | {r['makespan_s']:,.0f} | "
+                    f"{r['p99_jct_s']:,.0f} | {r['max_ftf']:.2f} | "
+                    f"{r['preemptions_per_job']:.2f} |"
+                )
         out.append("")
     return "\n".join(out)
 
@@ -218,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--noise", type=float, default=0.5, help="sigma (0: no noisy run)")
     p.add_argument("--noise-seeds", type=int, default=3)
     p.add_argument("--markdown", help="also write the tables to this file")
+    p.add_argument("--json", help="also write the rows as JSON to this file")
     args = p.parse_args(argv)
     scenarios = args.scenarios or (QUICK_SCENARIOS if args.quick else SCENARIOS)
     rows = run_grid(
@@ -232,6 +247,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as f:
             f.write(text + "\n")
+    if args.json:
+        import json
+
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
     return 0
 
 

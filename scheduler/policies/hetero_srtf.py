@@ -508,6 +508,7 @@ class HeteroSrtfPolicy(Policy):
         self._max_node: dict[str, int] = {}
         self._specs: dict[str, GpuSpec] = {}
         self._node_cache: dict[str, _NodeFacts] = {}
+        self._last_idle: dict[str, int] = {}  # idle GPUs per model after the last fast cycle
         self._faster: dict[str, tuple[str, ...]] = {}  # job id -> models faster than its own
 
     # -- helpers ---------------------------------------------------------------------------
@@ -607,6 +608,7 @@ class HeteroSrtfPolicy(Policy):
             fast = self._fast_plan(state, pending, free, free_cores, node_model, models)
             if fast is not None:
                 return fast
+        self._last_idle = {}  # the next fast cycle weighs moves again
         gpu_jobs: dict[tuple[str, int], tuple[str, ...]] = {
             (e.state.name, g.index): g.job_ids for e in entries for g in e.state.gpus
         }
@@ -835,8 +837,12 @@ class HeteroSrtfPolicy(Policy):
             decisions.append(self._decision(c, pl, m, "idle GPUs for every pending job"))
         actions: list[Action] = []
         gpu_jobs: dict[tuple[str, int], tuple[str, ...]] = {}
-        if any(f.total() for f in free.values()):
+        # A move that did not pay at the last cycle does not pay now with no more idle GPUs
+        # (its saving only shrinks as it progresses): moves are weighed when idle GPUs appeared.
+        idle_now = {m: f.total() for m, f in free.items()}
+        if any(n > self._last_idle.get(m, 0) for m, n in idle_now.items()):
             self._fast_moves(state, free, cores, node_model, decisions, actions, gpu_jobs)
+        self._last_idle = {m: f.total() for m, f in free.items()}
         return Plan(decisions=tuple(decisions), actions=tuple(actions), waiting={})
 
     def _fast_moves(
