@@ -193,8 +193,7 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
         for pol in dict.fromkeys(r["policy"] for r in mine):
             group = [r for r in mine if r["policy"] == pol]
             same = all(r["status"] == "complete" for r in group) and all(
-                all(math.isclose(r[k], group[0][k], rel_tol=1e-9) for k in _METRICS)
-                for r in group
+                all(math.isclose(r[k], group[0][k], rel_tol=1e-9) for k in _METRICS) for r in group
             )
             for r in group[:1] if same and len(group) > 1 else group:
                 setting = "every setting (identical)" if same and len(group) > 1 else _setting(r)
