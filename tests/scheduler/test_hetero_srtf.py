@@ -252,3 +252,32 @@ def _running(job: JobSpec, node: str):
     from scheduler.domain import Placement, RunningJob
 
     return RunningJob(job, Placement(job.id, node, (0,), mode=SharingMode.MPS), 0.0, 0.005)
+
+
+def _on_k80(progress: float) -> ClusterState:
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState, Placement, RunningJob
+
+    a = gjob("a", {"V100": 1000.0, "K80": 4000.0})
+    busy = GpuState("k", 0, gpu_spec("K80"), SharingMode.MPS, ("a",))
+    return ClusterState(
+        now_s=10.0,
+        nodes=(gpu_node("v", "V100", 1), gpu_node("k", "K80", 1, gpus={0: busy})),
+        pending=(),
+        running=(
+            RunningJob(a, Placement("a", "k", (0,), SharingMode.MPS), 0.0, progress=progress),
+        ),
+    )
+
+
+def test_a_running_job_moves_to_an_idle_faster_gpu_when_it_pays() -> None:
+    # 90 % left: 3,600 s on the K80 against 900 s on the idle V100 (+ 60 s restart).
+    plan = HeteroSrtfPolicy().schedule(_on_k80(0.1), random.Random(0))
+    assert [(a.kind, a.job_id) for a in plan.actions] == [(ActionKind.REQUEUE, "a")]
+    assert "moved from K80 to V100" in plan.actions[0].explanation
+    assert [(d.placement.job_id, d.placement.node) for d in plan.decisions] == [("a", "v")]
+    # Almost done (2 % left: 80 s on the K80, 20 s + 60 s restart on the V100): it stays.
+    assert HeteroSrtfPolicy().schedule(_on_k80(0.98), random.Random(0)).actions == ()
+    # A restart cost larger than the saving: it stays too.
+    costly = HeteroSrtfPolicy(preemption_cost_s=5000.0)
+    assert costly.schedule(_on_k80(0.1), random.Random(0)).actions == ()
