@@ -28,10 +28,9 @@ from the simulator's truth:
 5. **Where.** Running jobs that keep their model keep their GPUs. Jobs to start take idle or
    freed GPUs of their model: multi-GPU jobs first (one node, the fullest that fits; else a gang
    over the fewest nodes when no node of the model is large enough), then single-GPU jobs on the
-   fullest nodes. GPUs still idle are filled
-   with the next jobs in key order (work conserving). **Fast path**: when the idle GPUs hold
-   every pending job, nobody is preempted; the pending jobs are placed (step 4 over the idle
-   GPUs) and running jobs move to an idle GPU of a faster model when the saving pays the move
+   fullest nodes. GPUs still idle are filled with the next jobs in key order (work
+   conserving). **Fast path**: when the idle GPUs hold every pending job, nobody is
+   preempted; the pending jobs are placed (step 4 over the idle GPUs) and running jobs move to an idle GPU of a faster model when the saving pays the move
    cost plus ``preempt_margin`` of their remaining time (weighed only when idle GPUs appeared
    since the last such cycle: a saving only shrinks as a job progresses).
 6. **Pairs** (``pack_threshold`` > 0): a job still waiting joins a GPU (set) that runs exactly
