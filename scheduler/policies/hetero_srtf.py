@@ -30,9 +30,10 @@ from the simulator's truth:
    over the fewest nodes when no node of the model is large enough), then single-GPU jobs on the
    fullest nodes. GPUs still idle are filled with the next jobs in key order (work
    conserving). **Fast path**: when the idle GPUs hold every pending job, nobody is
-   preempted; the pending jobs are placed (step 4 over the idle GPUs) and running jobs move to an idle GPU of a faster model when the saving pays the move
-   cost plus ``preempt_margin`` of their remaining time (weighed only when idle GPUs appeared
-   since the last such cycle: a saving only shrinks as a job progresses).
+   preempted; the pending jobs are placed (step 4 over the idle GPUs) and running jobs move to
+   an idle GPU of a faster model when the saving pays the move cost plus ``preempt_margin`` of
+   their remaining time (weighed only when idle GPUs appeared since the last such cycle: a
+   saving only shrinks as a job progresses).
 6. **Pairs** (``pack_threshold`` > 0): a job still waiting joins a GPU (set) that runs exactly
    one job of the same GPU count, owner and model under MPS, if the estimated pair throughput
    ``norm_a + norm_b`` (each job's co-run speed over its solo speed, from the measured pair
