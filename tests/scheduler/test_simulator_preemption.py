@@ -204,3 +204,25 @@ def test_cli_takes_preemption_cost_and_estimate_noise(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert "hetero_srtf" in out and "100" in out
     assert simulate_main(["--scenario", "gavel100_p1800", "--estimate-noise", "-1"]) == 2
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("burst", {"burst": True}),
+        ("p900", {"jobs_per_hour": 4.0}),
+        ("p1800", {"jobs_per_hour": 2.0}),
+    ],
+)
+def test_the_gavel100_scenario_traces_are_what_the_documented_commands_write(
+    tmp_path, name: str, kwargs: dict
+) -> None:
+    from pathlib import Path
+
+    from scheduler.trace_generator import write_gavel_trace
+
+    out = tmp_path / "t.csv"
+    write_gavel_trace(generate_jobs(100, seed=0, duration_hours=(1.0, 4.0), **kwargs), out)
+    traces = Path(__file__).resolve().parents[2] / "scheduler" / "scenarios" / "traces"
+    vendored = traces / f"gavel100_{name}_seed0.csv"
+    assert out.read_bytes() == vendored.read_bytes()
