@@ -32,7 +32,6 @@ from scheduler.policies.base import Policy, PolicyError
 from scheduler.policies.loadbalance import LoadBalancePolicy
 from scheduler.slowdown_dr import DrChange, DrJob, DrParams, RatioError, check_ratio, manage
 
-
 _OWN = ("placement", "sd_threshold", "util_threshold_pct")
 
 
