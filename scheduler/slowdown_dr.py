@@ -64,11 +64,14 @@ class DrParams:
     ``sd_threshold``: SD_th, unitless; below this SD_max_diff nothing moves.
     ``util_threshold_pct``: Util_th, percentage points; a larger utilisation gap between the
     job's busiest GPU and the least utilised one selects the utilisation branch.
-    The paper gives no values; the defaults are readings (docs/slowdown.md).
+    The paper gives no values; the defaults are readings (docs/slowdown.md): SD_th 0.1 is the
+    paper's own target gap in set (a); Util_th 50 because in synchronous data parallelism a GPU
+    waiting on its job's other GPUs shows gaps of up to about 40 points that are not free
+    capacity (below that, the utilisation branch chases the job's own barrier waits).
     """
 
     sd_threshold: float = 0.1
-    util_threshold_pct: float = 20.0
+    util_threshold_pct: float = 50.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ Parameters (besides the placement policy's, passed on to it: the framework's, se
 
 - ``placement`` (policy name, ``loadbalance``): the policy that places pending jobs.
 - ``sd_threshold`` (SD_th, 0.1): nothing moves while SD_max_diff is below it.
-- ``util_threshold_pct`` (Util_th, percentage points, 20.0): a larger utilisation gap between
+- ``util_threshold_pct`` (Util_th, percentage points, 50.0): a larger utilisation gap between
   the job's busiest GPU and the node's least utilised GPU selects the utilisation branch.
 """
 
@@ -42,7 +42,7 @@ class SlowdownDrPolicy(Policy):
         **LoadBalancePolicy.defaults,
         "placement": "loadbalance",
         "sd_threshold": 0.1,
-        "util_threshold_pct": 20.0,
+        "util_threshold_pct": 50.0,
     }
 
     def __init__(self, **params: Any) -> None:
