@@ -690,6 +690,11 @@ class NodeAgent:
             **gang_env(spec),
             **dict(spec.env),
         }
+        # The training SDK's portal URL (workers.sdk): the one this agent syncs with, unless
+        # the portal named another (its job token comes in spec.env).
+        portal_url = getattr(self.transport, "portal_url", None)
+        if portal_url and "COSCHED_API_URL" not in extra:
+            extra["COSCHED_API_URL"] = str(portal_url)
         return build_env(
             placement,
             self._base_env(),

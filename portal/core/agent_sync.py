@@ -50,6 +50,7 @@ from portal.core.nodes import lease_kill_grace_s, lease_s, node_register
 from portal.core.outbox import emit_nudges, emit_schedule, outbox_due, outbox_relay
 from portal.core.services import job_note, job_transition
 from portal.core.states import PLACED, IllegalTransition, JobState
+from portal.core.training import training_env
 from workers.protocol import (
     AttemptKey,
     AttemptResult,
@@ -479,6 +480,7 @@ def _spec(
         job_kind=job.kind,
         job_type=(job.params or {}).get("job_type") if isinstance(job.params, dict) else None,
         gpu_memory_mb=float(job.gpu_memory_mb) if job.gpu_memory_mb else None,
+        env=training_env(job.pk, placement.attempt),
         **common,
     )
 

@@ -20,6 +20,8 @@ MODULES = [
     "workers.protocol",
     "workers.runner",
     "workers.agent",
+    "workers.sdk",
+    "workers.sdk.client",
 ]
 
 
