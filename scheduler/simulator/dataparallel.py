@@ -81,10 +81,13 @@ class DpConfig:
     sample_interval_s: float | None = None
     max_time_s: float | None = None
     seed: int = 0
+    iteration_jitter: float = 0.0
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.iterations_per_epoch < 1:
             raise ValueError("epochs and iterations_per_epoch must be >= 1")
+        if not 0 <= self.iteration_jitter < 1:
+            raise ValueError("iteration_jitter must be in 0..1")
         if not 0 <= self.split_overhead <= 1 or not 0 <= self.context_switch_overhead <= 1:
             raise ValueError("split_overhead and context_switch_overhead must be in 0..1")
 
@@ -209,6 +212,7 @@ class _Job:
         self.recent: deque[float] = deque(maxlen=5)
         self.sd: float | None = None
         self.changes = 0
+        self.scale = 1.0  # this iteration's jitter factor
 
     @property
     def epoch(self) -> int:
@@ -249,6 +253,7 @@ class DataParallelSimulator:
             self.jobs.append(_Job(spec, i, solo, self.cfg))
         self.by_id = {j.spec.id: j for j in self.jobs}
         self.rng = random.Random(self.cfg.seed)
+        self.noise = random.Random(self.cfg.seed + 1)  # iteration jitter, apart from the policy's
         self.now = 0.0
         self.pending: list[_Job] = []
         self.running: list[_Job] = []
@@ -384,7 +389,9 @@ class DataParallelSimulator:
             j.ratio, j.next_ratio = j.next_ratio, None
         j.iter_start = self.now
         j.shares = {}
-        host = (1.0 - j.u) * j.w
+        jitter = self.cfg.iteration_jitter
+        j.scale = 1.0 + self.noise.uniform(-jitter, jitter) if jitter else 1.0
+        host = (1.0 - j.u) * j.w * j.scale
         if host > _EPS:
             j.host_until = self.now + host
         else:
@@ -394,7 +401,8 @@ class DataParallelSimulator:
     def _start_device_phase(self, j: _Job) -> None:
         used = [g for g, r in enumerate(j.ratio) if r > 0]
         extra = self.cfg.split_overhead * j.u * j.w * (len(used) - 1)
-        j.shares = {g: j.u * j.w * j.ratio[g] / RATIO_TOTAL + extra for g in used}
+        work = j.u * j.w * j.scale
+        j.shares = {g: work * j.ratio[g] / RATIO_TOTAL + extra for g in used}
 
     def _end_iteration(self, j: _Job) -> None:
         took = self.now - j.iter_start
