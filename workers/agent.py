@@ -695,6 +695,11 @@ class NodeAgent:
         portal_url = getattr(self.transport, "portal_url", None)
         if portal_url and "COSCHED_API_URL" not in extra:
             extra["COSCHED_API_URL"] = str(portal_url)
+        if self.backend is not None and self.backend_name == "virtual":
+            # Where emulated data-parallel jobs publish their shares of the virtual GPUs, and
+            # how many GPUs the node has (workers.emulate_dp).
+            extra["COSCHED_VIRTUAL_GPU_DIR"] = str(self.state_dir / "virtual-gpus")
+            extra["COSCHED_NODE_GPUS"] = str(len(self.backend.devices()))
         return build_env(
             placement,
             self._base_env(),

@@ -10,8 +10,8 @@ the training endpoint of that job: it is not an API token and carries no user ri
 ``SECRET_KEY`` invalidates every job token.
 
 **Reports** (``training_report``): every call records the job's iteration; at an epoch end it
-records SD_i (computed here from the job's figures and its profile's solo time when both are
-known, else the job's own value), marks the epoch end unanswered and, when the active policy
+records SD_i (the job's own value when it sends one, else computed here from its figures and
+its profile's solo time), marks the epoch end unanswered and, when the active policy
 manages data ratios (``slowdown_dr``), runs the DR manager at once for the jobs of that node
 (the same ``SlowdownDrPolicy.ratio_changes`` the scheduling loop and the simulator call), so the
 reply already carries the ratio for the next epoch. The reply is a JSON object that later
@@ -269,15 +269,17 @@ def training_report(placement: Placement, data: Any) -> dict[str, Any]:
             elapsed = report["elapsed_s"]
             if elapsed is None:
                 elapsed = max(0.0, (now - started).total_seconds())
-            sd = live_slowdown(
-                elapsed,
-                0.0,
-                solo,
-                iters_done=state.iteration,
-                iters_total=state.iterations_total,
-                iter_time_s=state.iter_time_s,
-            )
-            state.slowdown = sd if sd is not None else report["slowdown"]
+            sd = report["slowdown"]  # the job's own figure wins (it knows its scale)
+            if sd is None:
+                sd = live_slowdown(
+                    elapsed,
+                    0.0,
+                    solo,
+                    iters_done=state.iteration,
+                    iters_total=state.iterations_total,
+                    iter_time_s=state.iter_time_s,
+                )
+            state.slowdown = sd
             state.epoch_ended = True
         state.save()
         if report["epoch_end"]:

@@ -181,6 +181,22 @@ class TrainingClient:
             self.workers = reply.workers
         return reply
 
+    def fetch(self, iteration: int = 0) -> Reply | None:
+        """Ask for the current data ratio and worker count without ending an epoch (at start,
+        or when another feature wants them now). None when disabled or unreachable."""
+        if not self.enabled:
+            return None
+        body: dict[str, Any] = {"iteration": iteration, "epoch": self.epoch}
+        if self.iterations_total is not None:
+            body["iterations_total"] = self.iterations_total
+        reply = self._post(body)
+        if reply is not None:
+            self.last_reply = reply
+            if reply.data_ratio:
+                self.data_ratio = reply.data_ratio
+            self.workers = reply.workers
+        return reply
+
     def split(self, global_batch: int) -> list[int]:
         """``split_batch`` by the current data ratio (the whole batch on one device without one)."""
         return split_batch(global_batch, self.data_ratio or [RATIO_TOTAL])
