@@ -238,3 +238,20 @@ def test_a_job_without_the_sdk_is_scheduled_and_never_rebalanced(alice, node):
     assert not TrainingState.objects.filter(placement__job=b).exists()
     scheduling.run_cycle()
     assert not DataRatioChange.objects.filter(job=b).exists()
+
+
+def test_the_job_page_shows_the_ratio_history_to_its_owner_only(alice, bob, node, client):
+    _use_slowdown_dr()
+    a, b, c = _three_jobs(alice, node)
+    now = timezone.now()
+    for g in Gpu.objects.filter(node=node):
+        MetricSample.objects.create(at=now, metric="util_pct", value=100.0, gpu=g, node=node)
+    _end_epoch(c, 1.0)
+    _end_epoch(b, 1.9)
+    _end_epoch(a, 2.0)
+    client.force_login(alice)
+    page = client.get(f"/jobs/{a.pk}/").content.decode()
+    assert 'id="ratio-history"' in page
+    assert "10, 0 → 5, 5" in page and f"moved 5/10 of job {a.pk}&#x27;s batch" in page
+    client.force_login(bob)
+    assert client.get(f"/jobs/{a.pk}/").status_code == 404
