@@ -22,6 +22,7 @@ MODULES = [
     "workers.agent",
     "workers.sdk",
     "workers.sdk.client",
+    "workers.emulate_dp",
 ]
 
 
