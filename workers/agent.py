@@ -234,6 +234,8 @@ class NodeAgent:
         else:
             default_pipe = str(data_dir / "mps" / name / "pipe")
             default_log = str(data_dir / "mps" / name / "log")
+        if backend is not None and hasattr(backend, "shares_dir"):
+            backend.shares_dir = self.state_dir / "virtual-gpus"  # workers.emulate_dp
         self.mps_pipe_dir = Path(mps_pipe_dir or default_pipe)
         self.mps_log_dir = Path(mps_log_dir or default_log)
         self.address = address if address is not None else socket.getfqdn()

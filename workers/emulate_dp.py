@@ -13,7 +13,9 @@ change of a co-runner shows at once.
 **The virtual GPUs' load** is what the emulated jobs of a node publish in one directory
 (``$COSCHED_VIRTUAL_GPU_DIR``, given by the node agent on the ``virtual`` backend): each writes
 ``<job>-<attempt>.json`` (its ratio, ``u`` and pid) at start and at each ratio change, and
-removes it when it ends; a file whose process is gone is ignored. Jobs that do not use the SDK
+removes it when it ends; a file whose process is gone is ignored. The entry also holds the job's
+current iteration factor, from which the ``virtual`` backend derives the GPUs' utilisation
+(``VirtualBackend.shares_dir``). Jobs that do not use the SDK
 do not appear there (they are not data-parallel in this model).
 
 **Ratios.** At start the job asks the portal for its ratio (``TrainingClient.fetch``); without
@@ -63,12 +65,17 @@ class LoadBoard:
         self.path = self.dir / f"{name}.json" if self.dir else None
         self.u = u
 
-    def publish(self, ratio: tuple[int, ...]) -> None:
+    def publish(self, ratio: tuple[int, ...], factor: float = 1.0, job: str = "") -> None:
+        """Publish this job's shares and its current iteration factor (the virtual backend
+        derives the GPUs' utilisation from them)."""
         if self.dir is None or self.path is None:
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"ratio": list(ratio), "u": self.u, "pid": os.getpid()}))
+        entry = {"ratio": list(ratio), "u": self.u, "pid": os.getpid(), "factor": factor}
+        if job:
+            entry["job"] = job
+        tmp.write_text(json.dumps(entry))
         tmp.replace(self.path)
 
     def withdraw(self) -> None:
@@ -76,19 +83,24 @@ class LoadBoard:
             self.path.unlink(missing_ok=True)
 
     def others(self) -> list[dict[str, Any]]:
-        if self.dir is None or not self.dir.is_dir():
-            return []
-        out = []
-        for p in self.dir.glob("*.json"):
-            if p == self.path:
-                continue
-            try:
-                entry = json.loads(p.read_text())
-            except (OSError, ValueError):
-                continue
-            if isinstance(entry, dict) and _alive(int(entry.get("pid") or 0)):
-                out.append(entry)
-        return out
+        return read_board(self.dir, skip=self.path)
+
+
+def read_board(directory: Path | None, skip: Path | None = None) -> list[dict[str, Any]]:
+    """The live entries of a load board directory (files of ended processes are ignored)."""
+    if directory is None or not directory.is_dir():
+        return []
+    out = []
+    for p in directory.glob("*.json"):
+        if p == skip:
+            continue
+        try:
+            entry = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(entry, dict) and _alive(int(entry.get("pid") or 0)):
+            out.append(entry)
+    return out
 
 
 def iteration_factor(ratio: tuple[int, ...], u: float, others: list[dict[str, Any]]) -> float:
@@ -139,7 +151,9 @@ def run_data_parallel(
     client.data_ratio = ratio
     name = f"{env.get('COSCHED_JOB_ID', os.getpid())}-{env.get('COSCHED_ATTEMPT', '1')}"
     board = LoadBoard(env.get(VIRTUAL_GPU_DIR_ENV), name, u)
-    board.publish(ratio)
+    job_id = env.get("COSCHED_JOB_ID", "")
+    published = iteration_factor(ratio, u, board.others())
+    board.publish(ratio, published, job_id)
     _emit(
         "start",
         profile=plan.profile.name.replace(" ", "_"),
@@ -187,6 +201,9 @@ def run_data_parallel(
                 _emit("term", fraction=round(done / iters, 4), exit_code=128 + stop[0])
                 return 128 + stop[0]
             factor = iteration_factor(ratio, u, board.others())
+            if abs(factor - published) > 0.02 * published:
+                published = factor
+                board.publish(ratio, factor, job_id)
             time.sleep(tick)
             now = time.monotonic()
             dt = min(now - last, 2 * tick)  # stopped (SIGSTOP) time is not work
@@ -212,7 +229,8 @@ def run_data_parallel(
                     answer = client.report(done, epoch_end=True, epoch=epoch, slowdown=sd)
                     if answer is not None and answer.data_ratio and answer.data_ratio != ratio:
                         ratio = answer.data_ratio
-                        board.publish(ratio)
+                        published = iteration_factor(ratio, u, board.others())
+                        board.publish(ratio, published, job_id)
                     epoch_active0, epoch_iter0, last_mean = active, done, it
             if active - last_report >= report_every:
                 progress()

@@ -66,3 +66,21 @@ def test_a_data_parallel_job_without_cosched_runs_to_the_end(tmp_path) -> None:
     assert sum(line.startswith("@cosched epoch") for line in lines) == 2
     assert lines[-1].startswith("@cosched done iters=8")
     assert list(tmp_path.iterdir()) == []  # it withdrew its share
+
+
+def test_the_virtual_backend_reads_utilisation_from_the_ratios(tmp_path) -> None:
+    from scheduler.domain import Profile, SharingMode
+    from workers.gpu.virtual_backend import VirtualBackend
+
+    backend = VirtualBackend("V100x2", node="n")
+    backend.shares_dir = tmp_path
+    # job 7 is placed on GPU 0 but its ratio sends 4/10 to GPU 1; its iterations are slowed 1.25x
+    backend.attach("7", 0, Profile("p", gpu_util_pct=100), SharingMode.TIME_SLICING)
+    backend.attach("8", 1, Profile("q", gpu_util_pct=40), SharingMode.TIME_SLICING)
+    entry = {"job": "7", "ratio": [6, 4], "u": 1.0, "factor": 1.25, "pid": os.getpid()}
+    (tmp_path / "7-1.json").write_text(json.dumps(entry))
+    assert backend.utilisation(0) == pytest.approx(100 * 0.6 / 1.25)
+    # GPU 1: job 8 through its placement (40 %, time-sliced with nobody placed there) + job 7
+    assert backend.utilisation(1) == pytest.approx(min(100.0, 40.0 + 100 * 0.4 / 1.25))
+    (tmp_path / "7-1.json").unlink()
+    assert backend.utilisation(0) == pytest.approx(100.0)  # back to its placement
