@@ -83,3 +83,26 @@ def test_the_reply_keeps_unknown_keys_for_later_features() -> None:
     reply = Reply.from_json({"data_ratio": [5, 5], "workers": 4, "epoch": 2, "future": {"x": 1}})
     assert reply.data_ratio == (5, 5) and reply.workers == 4
     assert reply.raw["future"] == {"x": 1}
+
+
+class Rows:
+    """A stand-in with a tensor's ``shape`` and ``split(sizes, dim)`` (torch is not installed)."""
+
+    def __init__(self, items: list[int]) -> None:
+        self.items = items
+        self.shape = (len(items),)
+
+    def split(self, sizes: list[int], dim: int) -> list[list[int]]:
+        assert dim == 0
+        out, start = [], 0
+        for n in sizes:
+            out.append(self.items[start : start + n])
+            start += n
+        return out
+
+
+def test_split_tensor_cuts_a_batch_by_the_ratio() -> None:
+    from workers.sdk import split_tensor
+
+    pieces = split_tensor(Rows(list(range(10))), [0, 7, 3, 0])
+    assert pieces == [[], [0, 1, 2, 3, 4, 5, 6], [7, 8, 9], []]

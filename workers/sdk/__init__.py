@@ -15,6 +15,15 @@ from workers.sdk.client import (
     default_client,
     report,
     split_batch,
+    split_tensor,
 )
 
-__all__ = ["Reply", "SdkError", "TrainingClient", "default_client", "report", "split_batch"]
+__all__ = [
+    "Reply",
+    "SdkError",
+    "TrainingClient",
+    "default_client",
+    "report",
+    "split_batch",
+    "split_tensor",
+]

@@ -95,6 +95,14 @@ def split_batch(global_batch: int, ratios: Sequence[int | float]) -> list[int]:
     return sizes
 
 
+def split_tensor(batch: Any, ratios: Sequence[int | float], dim: int = 0) -> list[Any]:
+    """A PyTorch tensor (anything with ``shape`` and ``split(sizes, dim)``) cut along ``dim``
+    into per-device pieces by ``ratios`` (``split_batch`` sizes; a device with ratio 0 gets an
+    empty piece). Torch is not imported here."""
+    sizes = split_batch(int(batch.shape[dim]), ratios)
+    return list(batch.split(sizes, dim))
+
+
 class TrainingClient:
     """Reports to the portal (see the module docstring). ``report`` is cheap between epoch
     ends (local bookkeeping only); an epoch end makes one HTTP request.
