@@ -494,3 +494,46 @@ class PolicySettings(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.policy}"
+
+
+class TrainingState(models.Model):
+    """What a data-parallel attempt reported through the training SDK (``workers.sdk``), and
+    the data ratio and worker count it is to use (``slowdown_dr``, ALGORITHMS.md §5).
+
+    ``ratio``: tenths of each mini-batch per GPU index of the attempt's node (integers 0..10
+    summing to 10). ``epoch_ended``: the job reported an epoch end the DR manager has not
+    answered yet. ``slowdown``: SD_i at that epoch end (None until known)."""
+
+    placement = models.OneToOneField(Placement, on_delete=models.CASCADE, related_name="training")
+    ratio = models.JSONField(default=list, blank=True)
+    workers = models.PositiveIntegerField(null=True, blank=True)
+    epoch = models.PositiveIntegerField(default=0)
+    iteration = models.PositiveIntegerField(default=0)
+    iterations_total = models.PositiveIntegerField(null=True, blank=True)
+    iter_time_s = models.FloatField(null=True, blank=True)
+    slowdown = models.FloatField(null=True, blank=True)
+    epoch_ended = models.BooleanField(default=False)
+    reported_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"training of {self.placement}"
+
+
+class DataRatioChange(models.Model):
+    """One entry of a job's data-ratio history: what changed it, when, and why."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="ratio_changes")
+    attempt = models.PositiveIntegerField()
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    epoch = models.PositiveIntegerField(default=0)
+    old = models.JSONField(default=list, blank=True)
+    new = models.JSONField(default=list)
+    slowdown = models.FloatField(null=True, blank=True)
+    actor = models.CharField(max_length=100, help_text='"policy:slowdown_dr", "start"')
+    explanation = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt}: {self.old} -> {self.new}"

@@ -204,6 +204,22 @@ _KNOWN: dict[str, ParamSpec] = {
             0,
             10_000_000,
         ),
+        # slowdown_dr (paper 000, Algorithm 1; docs/slowdown.md)
+        ParamSpec(
+            "sd_threshold",
+            FLOAT,
+            "SD_th: data ratios move only while SD_max_diff is at least this (unitless)",
+            0,
+            10,
+        ),
+        ParamSpec(
+            "util_threshold_pct",
+            FLOAT,
+            "Util_th: a larger utilisation gap (percentage points) between a job's busiest GPU "
+            "and the least utilised one moves its batch by remaining capacity, else by Slow-Down",
+            0,
+            100,
+        ),
     )
 }
 

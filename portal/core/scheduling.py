@@ -36,7 +36,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from portal.core import adapters
+from portal.core import adapters, training
 from portal.core.models import Gpu, Job, JobEvent, Node, Placement, PlacementPart, PolicySettings
 from portal.core.outbox import emit_nudges
 from portal.core.services import job_nodes, job_preempt, job_transition
@@ -142,7 +142,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
     nodes = list(Node.objects.prefetch_related("gpus").order_by("name"))
     placements = list(
         Placement.objects.filter(active=True, job__state__in=[s.value for s in PLACED])
-        .select_related("job", "node")
+        .select_related("job", "node", "training")
         .prefetch_related(
             "gpus", "parts__node", "job__profile__gpu_times", "job__profile__memory_steps"
         )
@@ -204,6 +204,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
                 started_s=_seconds(p.job.started_at or p.job.scheduled_at or p.created_at),
                 progress=progress.get(p.job_id, 0.0),
                 paused=p.job.state == JobState.PAUSED,
+                data_parallel=training.data_parallel_state(p),
             )
         )
 
@@ -459,7 +460,13 @@ def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> set[str]:
     except IllegalTransition as exc:
         log.info("action %s on job %s skipped: %s", action.kind, job_id, exc)
         return set()
-    # Actions the live path does not act on yet (data ratio, worker count): keep the reason.
+    if action.kind == ActionKind.SET_DATA_RATIO:
+        placement = Placement.objects.filter(job_id=job_id, active=True).first()
+        if placement is not None and training.data_ratio_set(
+            placement, list(action.value or ()), actor=actor, explanation=message
+        ):
+            return set()
+    # Actions the live path does not act on yet (worker count): keep the reason.
     JobEvent.objects.create(
         job_id=job_id,
         from_state="",

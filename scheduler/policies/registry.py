@@ -37,7 +37,8 @@ POLICIES: dict[str, str] = {
     "sharing_pipeline": "scheduler.policies.sharing_chain:SharingPipelinePolicy",
     "sharing_chain": "scheduler.policies.sharing_chain:SharingChainPolicy",
     "hetero_srtf": "scheduler.policies.hetero_srtf:HeteroSrtfPolicy",
-    # Later: "slowdown_dr", "elastic".
+    "slowdown_dr": "scheduler.policies.slowdown_dr:SlowdownDrPolicy",
+    # Later: "elastic".
 }
 
 #: ``<name>+exec_plan`` works for any registered placement policy ``name`` (the execution plan
