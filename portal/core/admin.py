@@ -403,6 +403,8 @@ def _param_field(spec: ParamSpec, initial: Any) -> forms.Field:
         else:
             choices = [("", blank)]
         return forms.ChoiceField(choices=choices + [(c, c) for c in spec.choices], **common)
+    if spec.kind == policy_settings.TEXT:
+        return forms.CharField(max_length=500, strip=True, **common)
     common["initial"] = "" if initial is None else json.dumps(initial, indent=2)
     return forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "class": "vLargeTextField"}), **common
@@ -467,7 +469,7 @@ class PolicySettingsForm(forms.ModelForm):
             if not isinstance(value, dict):
                 raise forms.ValidationError('must be a JSON object, e.g. {"a": 1}')
             return value
-        if raw is None and spec.kind != policy_settings.BOOL:
+        if raw in (None, "") and spec.kind != policy_settings.BOOL:
             return spec.default
         return raw
 
@@ -535,7 +537,12 @@ class PolicySettingsAdmin(admin.ModelAdmin):
     @admin.display(description="check")
     def validity(self, obj: PolicySettings) -> str:
         errors = policy_settings.validate_policy_settings(obj.policy, obj.params, trial=False)
-        return "ok" if not errors else "; ".join(f"{k}: {v}" for k, v in errors.items())
+        text = "ok" if not errors else "; ".join(f"{k}: {v}" for k, v in errors.items())
+        if obj.runtime_error:
+            text = f"{'' if errors else 'valid, but '}failed at run time: {obj.runtime_error}" + (
+                f" (running {obj.runtime_fallback} instead)" if obj.runtime_fallback else ""
+            )
+        return text
 
 
 @admin.register(MetricSample)
