@@ -15,7 +15,7 @@ from django.urls import path, reverse
 
 from portal.core import policy_settings, services
 from portal.core.adapters import derived_classes
-from portal.core.importers import FORMATS, ProfileImportError
+from portal.core.importers import FORMATS, ProfileImportError, memory_max_error
 from portal.core.models import (
     JOB_KINDS,
     ApplicationProfile,
@@ -42,8 +42,31 @@ class ProfileGpuTimeInline(admin.TabularInline):
     fields = ["gpu_model", "time_s"]
 
 
+class _MemoryStepFormSet(forms.BaseInlineFormSet):
+    """The steps as saved must not climb above the profile's declared GPU memory maximum."""
+
+    def clean(self) -> None:
+        super().clean()
+        steps = [
+            (
+                f.cleaned_data.get("start_fraction") or 0.0,
+                f.cleaned_data["from_mb"],
+                f.cleaned_data["to_mb"],
+            )
+            for f in self.forms
+            if f.cleaned_data
+            and not f.cleaned_data.get("DELETE")
+            and f.cleaned_data.get("from_mb") is not None
+            and f.cleaned_data.get("to_mb") is not None
+        ]
+        problem = memory_max_error(self.instance.gpu_memory_max_mb, steps)
+        if problem:
+            raise forms.ValidationError(f"GPU memory max: {problem}")
+
+
 class ProfileMemoryStepInline(admin.TabularInline):
     model = ProfileMemoryStep
+    formset = _MemoryStepFormSet
     extra = 0
     fields = ["index", "start_fraction", "from_mb", "to_mb"]
 
