@@ -3,16 +3,23 @@ nothing).
 
 - Approved profiles from the seeds' tables (``scheduler/data/seeds/``): the 004 profiles (Table 2)
   with the LAMMPS memory steps, the 003 Table 7 kernels (stall reasons, EPC, registers and shared
-  memory per block) as HPC profiles, the 001 Table 3 models with their C/M ratios.
+  memory per block) as HPC profiles, the 001 Table 3 models with their C/M ratios; filled in from
+  measured data where it exists (Gavel's nvprof runs of ResNet-50 and VGG16) and otherwise from
+  the simulator's documented scenario profiles (sharing001's assumed times and memory, the kernel
+  model of kscheduler003), with every number's source in ``ApplicationProfile.sources`` (the
+  profile page shows them). A30 times that nobody measured are estimated from the Titan Xp time
+  (``scheduler.estimates``), so the A30 node gets jobs. A declared GPU memory maximum covers the
+  memory steps (LAMMPS: 8,317 MB, not Table 2's 2,273 MB; profile validation enforces it).
 - A demo user and an administrator (printed; change the administrator's password).
 - A small virtual cluster: two GPU nodes of different catalogue models (Titan Xp as in the seeds;
   A30 for MIG) and one CPU node, all with ``backend=virtual``.
-- The active policy, if none is set: ``placement_rate+exec_plan`` (seed 004, ALGORITHMS.md §1)
+- The active policy, if none is set: ``placement_rate+exec_plan`` (seed 004, docs: Policies)
   with up to 5 jobs per GPU, as the paper's 5 GPU containers; and, unless ``--no-jobs``, the 004
   scenario's 25 jobs for the demo user (13 CNN-MNIST, 5 BlackScholes, 5 Binomial, 1 LAMMPS,
-  1 GROMACS), submitted with idempotency keys so they are created once. So the demo shows the
-  rate split (CNNs and LAMMPS on the GPUs, the rest on the CPU node) and the memory plan pausing
-  LAMMPS before its 8.3 GB step would overflow a shared Titan Xp.
+  1 GROMACS), each declaring Table 2's GPU memory as in the paper (LAMMPS 2,273 MB, below its
+  own steps: the memory plan's case), submitted with idempotency keys so they are created once.
+  With four GPUs the rate split puts nearly all of them on the GPUs; ``run_embedded
+  --arrivals-per-minute`` (``portal.core.demo``) keeps jobs coming afterwards.
 """
 
 from __future__ import annotations
@@ -302,6 +309,13 @@ def scenario_004() -> list[tuple[str, int]]:
     return [(r["app"], int(r["count_in_workload"])) for r in _rows("004_profiles_table2.csv")]
 
 
+def declared_memory_004() -> dict[str, int]:
+    """The GPU memory each 004 job declares: Table 2's maximum, as in the paper. For LAMMPS
+    that is 2,273 MB while its steps climb to 8,317 MB (the profile declares the peak): the
+    job asks too little, which is the situation the memory plan exists for."""
+    return {r["app"]: int(float(r["gpu_memory_mb_max"])) for r in _rows("004_profiles_table2.csv")}
+
+
 class Command(BaseCommand):
     help = "Load the demo: seed profiles, demo and admin users, a virtual cluster, scenario jobs."
 
@@ -424,6 +438,7 @@ class Command(BaseCommand):
                 round_no += 1
         prefix = "load_demo:004:" if round_no == 1 else f"load_demo:004:r{round_no}:"
         tag = "" if round_no == 1 else f"-r{round_no}"
+        declared = declared_memory_004()
         for app, count in scenario_004():
             profile = ApplicationProfile.objects.get(name=app, version="1")
             for i in range(1, count + 1):
@@ -437,6 +452,7 @@ class Command(BaseCommand):
                     command=f"python -m workers.emulate --profile {app}{suffix}",
                     profile=profile,
                     gpus=1,
+                    gpu_memory_mb=declared[app],
                     cpus=1,
                     params={"scenario": "004"},
                 )
