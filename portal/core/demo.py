@@ -4,13 +4,14 @@ anyone who opens it, long after ``load_demo``'s 25 jobs have finished.
 ``ArrivalStream.step()`` is called by the embedded loop (``manage.py run_embedded
 --arrivals-per-minute N``; ``make demo`` turns it on). Arrivals are a Poisson process of rate N
 per minute (exponential gaps from a seeded generator, so two runs with one seed submit the same
-sequence); each arrival is a job of the demo user under the job emulator with ``--scale``:
-with probability ``cpu_only_share`` (default 0.25) a CPU-only run (no GPU asked) of one of
-seed 004's HPC codes that have a CPU time (``CPU_APPS``: users who know their code is fine on
-a CPU), else a 1-GPU job of one of ``ARRIVAL_APPS`` (the policy may still send seed 004's
-applications to the CPU node when the GPUs are busy), drawn uniformly among those whose profile
-is approved. Without the CPU-only share the CPU node would idle whenever the four GPUs have
-room, which is the right choice of the policy but a dull demo of a three-node cluster.
+sequence); each arrival is a job of the demo user under the job emulator with ``--scale``.
+A share ``cpu_only_share`` of them (default 0.25: the first arrival, then one in four) are
+CPU-only runs (no GPU asked) of one of seed 004's HPC codes that have a CPU time (``CPU_APPS``:
+users who know their code is fine on a CPU); the others are 1-GPU jobs of ``ARRIVAL_APPS`` (the
+policy may still send seed 004's applications to the CPU node when the GPUs are busy). The
+application is drawn uniformly among those whose profile is approved. Without the CPU-only
+share the CPU node would idle whenever the four GPUs have room: the right choice of the
+policy, but a dull demo of a three-node cluster.
 
 While the demo user already has ``max_queued`` jobs waiting, arrivals are skipped (and
 counted): a demo left open for a day does not build a queue of thousands.
@@ -19,6 +20,7 @@ counted): a demo left open for a day does not build a queue of thousands.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 import uuid
@@ -116,7 +118,9 @@ class ArrivalStream:
             if queued >= self.max_queued:
                 self.skipped += 1
                 continue
-            if cpu_apps and self._rng.random() < self.cpu_only_share:
+            n = self.submitted + 1  # this arrival's number: CPU-only where the share ticks
+            share = self.cpu_only_share
+            if cpu_apps and math.ceil(n * share - 1e-9) > math.ceil((n - 1) * share - 1e-9):
                 self._submit(owner, profiles[self._rng.choice(cpu_apps)], gpus=0)
             else:
                 self._submit(owner, profiles[self._rng.choice(apps)], gpus=1)
