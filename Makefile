@@ -45,7 +45,7 @@ migrate: install
 DEMO_SCALE ?= 0.2
 # DEMO_ARRIVALS: demo jobs arriving per minute after the first 25, so the dashboard keeps moving
 # (0 turns the stream off).
-DEMO_ARRIVALS ?= 6
+DEMO_ARRIVALS ?= 12
 demo: migrate
 	$(BIN)/python manage.py load_demo --emulate-scale $(DEMO_SCALE)
 	$(BIN)/python manage.py run_embedded $(HOST):$(PORT) \

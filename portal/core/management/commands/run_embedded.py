@@ -161,7 +161,7 @@ class Command(BaseCommand):
             type=float,
             default=0.0,
             help="submit demo jobs for the demo user at this mean rate (Poisson arrivals of "
-            "the demo's applications; 0: off; `make demo` uses 6)",
+            "the demo's applications; 0: off; `make demo` uses 12)",
         )
         parser.add_argument(
             "--arrivals-scale",
