@@ -131,6 +131,10 @@ class ApplicationProfileAdmin(admin.ModelAdmin):
     fieldsets = [
         (None, {"fields": ["name", "version", "kind", "status", "source", "description"]}),
         (
+            "Sources (field -> where its number comes from; shown on the profile page)",
+            {"fields": ["sources"], "classes": ["collapse"]},
+        ),
+        (
             "Derived classes (computed by scheduler.classes, not stored)",
             {"fields": ["kernel_class", "cm_class", "scale_class", "sensitivity_class"]},
         ),
