@@ -468,6 +468,7 @@ class PolicySettingsForm(forms.ModelForm):
         except Exception:  # an unknown policy: the choice field reports it
             self.specs = []
         current = dict(self.instance.params or {}) if self.instance.pk else {}
+        self.initial_params = dict(current)  # what was stored (save_model compares)
         for spec in self.specs:
             initial = current.get(spec.name, spec.default)
             if spec.kind == policy_settings.CHOICE:
@@ -556,6 +557,15 @@ class PolicySettingsAdmin(admin.ModelAdmin):
         form = super().get_form(request, obj, change=change, **kwargs)
         form.requested_policy = request.GET.get("policy")
         return form
+
+    def save_model(
+        self, request: HttpRequest, obj: PolicySettings, form: Any, change: bool
+    ) -> None:
+        """A changed configuration starts with no run-time error: the error shown was the old
+        one's (the loop sets it again if the new one fails too)."""
+        if "policy" in form.changed_data or obj.params != form.initial_params:
+            obj.runtime_error, obj.runtime_error_at, obj.runtime_fallback = "", None, ""
+        super().save_model(request, obj, form, change)
 
     @admin.display(description="parameters")
     def parameters(self, obj: PolicySettings) -> str:

@@ -143,3 +143,17 @@ def test_the_cluster_page_and_the_admin_show_the_error(alice, staff, client):
     run_cycle()
     client.force_login(staff)
     assert 'id="policy-runtime-error"' not in client.get("/cluster/").content.decode()
+
+
+def test_saving_a_new_configuration_in_the_admin_clears_the_old_error(alice, staff, client):
+    row = PolicySettings.objects.create(name="main", policy="fragile", params={}, active=True)
+    _submit(alice, "a")
+    run_cycle()
+    row.refresh_from_db()
+    assert row.runtime_error
+    client.force_login(staff)
+    data = {"name": "main", "policy": "fifo", "active": "on", "param__backfill": "on"}
+    response = client.post(f"/admin/core/policysettings/{row.pk}/change/", data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    row.refresh_from_db()
+    assert (row.policy, row.runtime_error, row.runtime_fallback) == ("fifo", "", "")
