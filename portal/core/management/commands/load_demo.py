@@ -347,7 +347,8 @@ class Command(BaseCommand):
         if not options["no_jobs"]:
             jobs_created = self._jobs(demo, options["emulate_scale"], options["again"])
         self.stdout.write(
-            f"Profiles: {created_profiles} created ({ApplicationProfile.objects.count()} in all). "
+            f"Profiles: {created_profiles} created or filled in "
+            f"({ApplicationProfile.objects.count()} in all). "
             f"Nodes: {created_nodes} created. Policy: {policy.policy}"
             f"{' (created)' if policy_created else ''}. Jobs: {jobs_created} created."
         )
