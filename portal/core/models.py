@@ -91,6 +91,9 @@ class ApplicationProfile(models.Model):
     # §4: job descriptors
     cm_ratio = models.FloatField(null=True, blank=True, help_text="SM util / memory util")
     sensitivity = models.FloatField(null=True, blank=True)
+    # Where the numbers come from: field (or "gpu_time_s.<model>") -> source, e.g. a table of a
+    # paper, a measured data set, or an estimate and its method; shown on the profile page.
+    sources = models.JSONField(default=dict, blank=True)
 
     # The time limit of jobs using this profile that do not give one (scheduler.durations).
     default_time_limit_s = models.PositiveIntegerField(
@@ -483,6 +486,15 @@ class PolicySettings(models.Model):
     params = models.JSONField(default=dict, blank=True)
     active = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Written by the scheduling loop (issue 18): the error of this configuration when it last
+    # failed at run time (the loop then ran ``last_good_*`` instead), and the last one that ran.
+    runtime_error = models.TextField(blank=True, default="")
+    runtime_error_at = models.DateTimeField(null=True, blank=True)
+    runtime_fallback = models.CharField(
+        max_length=200, blank=True, default="", help_text="what the loop ran instead"
+    )
+    last_good_policy = models.CharField(max_length=100, blank=True, default="")
+    last_good_params = models.JSONField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "policy settings"

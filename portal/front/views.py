@@ -219,6 +219,7 @@ def profile_detail(request: HttpRequest, profile_id: int) -> HttpResponse:
             "profile": profile,
             "sections": profile_metrics.sections(profile),
             "gpu_times": profile_metrics.gpu_time_rows(profile),
+            "sources": profile_metrics.source_rows(profile),
             "memory_steps": profile.memory_steps.all(),
             "classes": profile_metrics.derived_classes(profile),
             "admin_url": (
