@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("core", "0004_attempts_leases_outbox"),
+        ("core", "0006_training_data_ratio"),
     ]
 
     operations = [
