@@ -38,6 +38,7 @@ INSTALLED_APPS = [
     "portal.api",
     "portal.front",
     "portal.ml",
+    "portal.replay",
 ]
 
 MIDDLEWARE = [

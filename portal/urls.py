@@ -15,6 +15,7 @@ urlpatterns = [
     path("agent/v1/sync", agent_views.sync, name="agent-sync"),
     path("agent/v1/results", agent_views.results, name="agent-results"),
     path("metrics", prometheus.metrics_view, name="metrics"),
+    path("replay/", include("portal.replay.urls")),
     path("api/", include("portal.ml.urls")),
     path("api/", include("portal.api.urls")),
     path("", include("portal.front.urls")),
