@@ -1,0 +1,130 @@
+"""The staff's replay pages and the replay service: access, field errors with nothing written,
+a replay run in-process (the embedded default's eager Celery) with its comparison and files.
+The same path through a real Celery worker is tests/e2e/test_replay_live.py."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from portal.replay.models import ReplayRun
+from portal.replay.services import LIVE_ROW, replay_run_execute
+from tests.portal.replay_helpers import T0, finished_job, make_nodes, make_profile
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def history(alice, bob):
+    nodes = make_nodes()
+    profile = make_profile("ResNet", TitanXp=600.0)
+    jobs = []
+    for i in range(6):
+        who = alice if i % 2 else bob
+        jobs.append(
+            finished_job(
+                who,
+                name=f"j{i}",
+                submitted_s=10 * i,
+                wait_s=3,
+                run_s=590,
+                node=nodes["titan"],
+                profile=profile,
+            )
+        )
+    return jobs
+
+
+def form(**over):
+    data = {
+        "since": "2026-03-02T08:00",
+        "until": "2026-03-02T10:00",
+        "policies": ["fifo", "binpack"],
+        "interference": "class_based",
+        "seed": "0",
+    }
+    data.update(over)
+    return data
+
+
+def test_only_staff_see_the_replay_pages(client, alice, staff):
+    client.force_login(alice)
+    assert client.get("/replay/").status_code == 302  # to the admin login
+    assert client.post("/replay/", form()).status_code == 302
+    assert not ReplayRun.objects.exists()
+    client.force_login(staff)
+    page = client.get("/replay/")
+    assert page.status_code == 200 and b"New replay" in page.content
+
+
+def test_bad_fields_are_named_and_nothing_is_written(client, staff):
+    client.force_login(staff)
+    response = client.post(
+        "/replay/", form(until="2026-03-01T10:00", policies=["fifo", "no-such-policy"], seed="-1")
+    )
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert set(errors) == {"policies", "seed"}  # the form's own checks first
+    response = client.post("/replay/", form(until="2026-03-01T10:00"))
+    assert response.status_code == 400
+    assert "until" in response.context["form"].errors
+    assert not ReplayRun.objects.exists()
+
+
+def test_a_replay_runs_and_shows_the_comparison(
+    client, staff, history, settings, tmp_path, django_capture_on_commit_callbacks
+):
+    settings.DATA_DIR = tmp_path
+    client.force_login(staff)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post("/replay/", form())
+    run = ReplayRun.objects.get()
+    assert response.status_code == 302 and response["Location"] == f"/replay/{run.pk}/"
+    run.refresh_from_db()
+    assert run.status == "done", run.error
+    assert run.progress == 1.0 and run.jobs_exported == 6
+    assert [row["policy"] for row in run.summary] == [LIVE_ROW, "fifo", "binpack"]
+    live = run.summary[0]
+    assert live["avg_queue_s"] == pytest.approx(3) and live["avg_jct_s"] == pytest.approx(593)
+    assert live["avg_slowdown"] == pytest.approx(590 / 600)
+    fifo = run.summary[1]
+    assert fifo["status"] == "complete" and fifo["completed"] == 6
+    # 2 GPUs, six 600 s jobs arriving 10 s apart: fifo runs them two at a time, in order
+    assert fifo["makespan_s"] == pytest.approx(1810)  # j5 starts at 1210 when j1 ends
+    assert fifo["user_fairness"] is not None and 0 < fifo["user_fairness"] <= 1
+    users = {(r["policy"], r["group"]): r for r in run.per_user}
+    assert users[("fifo", "alice")]["jobs"] == 3 and users[("fifo", "bob")]["jobs"] == 3
+    assert users[("fifo", "alice")]["gpu_seconds"] == pytest.approx(1800)
+
+    page = client.get(f"/replay/{run.pk}/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "live (as it ran)" in text and "binpack" in text and 'id="replay-users"' in text
+    status = client.get(f"/replay/{run.pk}/status/").json()
+    assert status == {
+        "id": run.pk,
+        "status": "done",
+        "progress": 1.0,
+        "message": "done",
+        "error": "",
+    }
+    report = client.get(f"/replay/{run.pk}/files/report.html")
+    assert (
+        report.status_code == 200 and report["Content-Security-Policy"] == "sandbox allow-scripts"
+    )
+    trace = b"".join(client.get(f"/replay/{run.pk}/files/trace.csv").streaming_content)
+    assert trace.startswith(b"job_id,arrival_s,profile") and trace.count(b"\n") == 7
+    assert client.get(f"/replay/{run.pk}/files/..%2Fsecrets").status_code == 404
+
+
+def test_a_period_without_completed_jobs_fails_with_a_reason(staff, settings, tmp_path):
+    settings.DATA_DIR = tmp_path
+    make_nodes()
+    run = ReplayRun.objects.create(
+        created_by=staff, since=T0, until=T0 + timedelta(hours=1), policies=["fifo"]
+    )
+    run = replay_run_execute(run.pk)
+    assert run.status == "failed" and "no completed job" in run.error
+    # a second delivery of the same task finds it claimed and does nothing
+    assert replay_run_execute(run.pk).error == run.error
