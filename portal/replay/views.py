@@ -24,18 +24,27 @@ FILES = {
     "profiles.yaml": "text/plain",
     "cluster.yaml": "text/plain",
 }
-# Comparison columns shown on the page: key -> heading.
+# Comparison columns shown on the page: key -> (heading, decimals).
 COLUMNS = {
-    "avg_jct_s": "avg JCT (s)",
-    "avg_queue_s": "avg wait (s)",
-    "makespan_s": "makespan (s)",
-    "gpu_util": "GPU util",
-    "avg_slowdown": "avg Slow-Down",
-    "max_slowdown": "max Slow-Down",
-    "fairness": "job fairness",
-    "user_fairness": "user fairness",
-    "completed": "completed",
+    "completed": ("completed", 0),
+    "avg_jct_s": ("avg JCT (s)", 1),
+    "avg_queue_s": ("avg wait (s)", 1),
+    "makespan_s": ("makespan (s)", 0),
+    "gpu_util": ("GPU util", 3),
+    "avg_slowdown": ("avg Slow-Down", 2),
+    "max_slowdown": ("max Slow-Down", 2),
+    "fairness": ("job fairness", 2),
+    "user_fairness": ("user fairness", 2),
 }
+
+
+def _shown(value: object, digits: int) -> str:
+    """A figure as the table shows it: a dash when unknown (an incomplete run's averages)."""
+    if value is None:
+        return "–"
+    if isinstance(value, int | float):
+        return f"{value:,.{digits}f}"
+    return str(value)
 
 
 @staff_member_required
@@ -75,7 +84,7 @@ def replay_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "policy": row.get("policy"),
             "status": row.get("status"),
             "live": row.get("policy") == LIVE_ROW,
-            "cells": [row.get(key) for key in COLUMNS],
+            "cells": [_shown(row.get(key), digits) for key, (_h, digits) in COLUMNS.items()],
         }
         for row in run.summary
     ]
@@ -85,7 +94,7 @@ def replay_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         "replay/detail.html",
         {
             "run": run,
-            "columns": list(COLUMNS.values()),
+            "columns": [heading for heading, _d in COLUMNS.values()],
             "rows": rows,
             "per_user": run.per_user,
             "files": files,

@@ -101,6 +101,7 @@ def test_a_replay_runs_and_shows_the_comparison(
     assert page.status_code == 200
     text = page.content.decode()
     assert "live (as it ran)" in text and "binpack" in text and 'id="replay-users"' in text
+    assert '<td class="num">1,810</td>' in text  # fifo's makespan, as the table shows it
     status = client.get(f"/replay/{run.pk}/status/").json()
     assert status == {
         "id": run.pk,
