@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, DurationField, ExpressionWrapper, F, Q
+from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -193,7 +193,7 @@ def _histogram_family(
         buckets.append((_le(bound), running))
     running += stored.get("+Inf", 0.0)
     buckets.append(("+Inf", running))
-    family = HistogramMetricFamily(name, doc, unit="")
+    family = HistogramMetricFamily(name, doc)
     family.add_metric([], buckets, sum_value=stored.get("sum", 0.0))
     return family
 
@@ -311,13 +311,11 @@ def _job_families(now: datetime) -> Iterable[Metric]:
     # buckets counted by the database.
     wait = ExpressionWrapper(F("started_at") - F("submitted_at"), output_field=DurationField())
     started = Job.objects.filter(started_at__isnull=False).annotate(wait=wait).order_by()
-    aggregates: dict[str, Any] = {"count": Count("id")}
+    aggregates: dict[str, Any] = {"count": Count("id"), "total": Sum("wait")}
     for i, bound in enumerate(WAIT_BUCKETS_S):
         aggregates[f"b{i}"] = Count("id", filter=Q(wait__lte=timedelta(seconds=bound)))
     counted = started.aggregate(**aggregates)
-    total_wait = sum(
-        (w.total_seconds() for w in started.values_list("wait", flat=True).iterator()), 0.0
-    )
+    total_wait = counted["total"].total_seconds() if counted["total"] is not None else 0.0
     buckets = [(_le(b), float(counted[f"b{i}"])) for i, b in enumerate(WAIT_BUCKETS_S)]
     buckets.append(("+Inf", float(counted["count"])))
     job_wait = HistogramMetricFamily(
