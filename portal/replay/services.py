@@ -16,13 +16,14 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from portal.replay.export import (
@@ -35,6 +36,8 @@ from portal.replay.models import ReplayRun
 log = logging.getLogger(__name__)
 
 LIVE_ROW = "live (as it ran)"
+# The Celery task's time limit (s): a replay RUNNING for longer lost its worker.
+TASK_TIME_LIMIT_S = 3600
 MAX_POLICIES = 8
 # The row's progress is written at most this often (s) while the simulator runs.
 PROGRESS_EVERY_S = 0.5
@@ -108,8 +111,13 @@ def _set(run_id: int, **fields: Any) -> None:
 
 
 def replay_run_execute(run_id: int) -> ReplayRun:
-    """Run replay ``run_id`` if it is still queued (a duplicate delivery does nothing)."""
-    claimed = ReplayRun.objects.filter(pk=run_id, status=ReplayRun.Status.QUEUED).update(
+    """Run replay ``run_id`` if it is still queued (a duplicate delivery does nothing), or
+    running for longer than the task's time limit (its worker died; the broker redelivered)."""
+    stale = timezone.now() - timedelta(seconds=TASK_TIME_LIMIT_S)
+    claimable = Q(status=ReplayRun.Status.QUEUED) | Q(
+        status=ReplayRun.Status.RUNNING, started_at__lt=stale
+    )
+    claimed = ReplayRun.objects.filter(claimable, pk=run_id).update(
         status=ReplayRun.Status.RUNNING,
         started_at=timezone.now(),
         progress=0.0,

@@ -1,5 +1,6 @@
 """Celery task of ``portal.replay`` (thin: load by id, call one service). Registered when Django
-starts (``portal.replay.apps``); it runs on the default ``scheduler`` queue."""
+starts (``portal.replay.apps``); it runs on the default ``scheduler`` queue. Its time limit is
+``portal.replay.services.TASK_TIME_LIMIT_S``: a replay RUNNING for longer is taken up again."""
 
 from __future__ import annotations
 

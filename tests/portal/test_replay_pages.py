@@ -129,3 +129,22 @@ def test_a_period_without_completed_jobs_fails_with_a_reason(staff, settings, tm
     assert run.status == "failed" and "no completed job" in run.error
     # a second delivery of the same task finds it claimed and does nothing
     assert replay_run_execute(run.pk).error == run.error
+
+
+def test_a_replay_whose_worker_died_is_taken_up_again(staff, history, settings, tmp_path):
+    from django.utils import timezone
+
+    settings.DATA_DIR = tmp_path
+    since, until = T0 - timedelta(hours=1), T0 + timedelta(hours=1)
+    lost = ReplayRun.objects.create(
+        since=since,
+        until=until,
+        policies=["fifo"],
+        status="running",
+        started_at=timezone.now() - timedelta(hours=2),
+    )
+    recent = ReplayRun.objects.create(
+        since=since, until=until, policies=["fifo"], status="running", started_at=timezone.now()
+    )
+    assert replay_run_execute(lost.pk).status == "done"
+    assert replay_run_execute(recent.pk).status == "running"  # its worker may still be at it
