@@ -29,11 +29,10 @@ class ReplayForm(forms.Form):
     seed = forms.IntegerField(label="Seed", initial=0, min_value=0, max_value=2**31 - 1)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from portal.replay.services import interference_choices
-        from scheduler.policies.registry import available_policies
+        from portal.replay.services import interference_choices, policy_choices
 
         super().__init__(*args, **kwargs)
-        self.fields["policies"].choices = [(p, p) for p in available_policies()]
+        self.fields["policies"].choices = policy_choices()
         self.fields["interference"].choices = [(m, m) for m in interference_choices()]
         if not self.is_bound:
             now = timezone.now().replace(second=0, microsecond=0)

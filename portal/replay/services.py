@@ -39,6 +39,7 @@ LIVE_ROW = "live (as it ran)"
 # The Celery task's time limit (s): a replay RUNNING for longer lost its worker.
 TASK_TIME_LIMIT_S = 3600
 MAX_POLICIES = 8
+SAVED_PREFIX = "saved:"
 # The row's progress is written at most this often (s) while the simulator runs.
 PROGRESS_EVERY_S = 0.5
 # Share of the progress bar each phase takes: export, simulations, outputs.
@@ -48,6 +49,40 @@ _EXPORT_SHARE, _SIMULATE_SHARE = 0.05, 0.9
 def replay_dir(run_id: int) -> Path:
     """Where a replay's export and outputs go (under ``COSCHED_DATA_DIR``)."""
     return Path(settings.DATA_DIR) / "replay" / str(int(run_id))
+
+
+def policy_choices() -> list[tuple[str, str]]:
+    """(value, label) of what a replay can run: every registered policy with its default
+    parameters, and every saved policy configuration (``PolicySettings``: the live loop's
+    named configurations, ``saved:<name>``) with its own parameters."""
+    from portal.core.models import PolicySettings
+    from scheduler.policies.registry import available_policies
+
+    saved = [
+        (
+            f"{SAVED_PREFIX}{row.name}",
+            f"{row.name}: {row.policy} with its saved settings"
+            + (" (active)" if row.active else ""),
+        )
+        for row in PolicySettings.objects.order_by("name")
+    ]
+    return saved + [(name, name) for name in available_policies()]
+
+
+def _built(choice: str) -> tuple[str, Any]:
+    """(label, policy) of a replay's policy choice (``policy_choices``)."""
+    from portal.core.models import PolicySettings
+    from scheduler.policies.registry import build_policy
+
+    if not choice.startswith(SAVED_PREFIX):
+        return choice, build_policy(choice, None)
+    name = choice.removeprefix(SAVED_PREFIX)
+    row = PolicySettings.objects.filter(name=name).first()
+    if row is None:
+        raise ValueError(f"the saved policy settings {name!r} no longer exist")
+    params = dict(row.params or {})
+    params.pop("seed", None)  # the live loop's seed; the replay has its own
+    return f"{row.name}: {row.policy}", build_policy(row.policy, params)
 
 
 def interference_choices() -> list[str]:
@@ -69,12 +104,10 @@ def replay_run_create(
 
     Raises ``ValidationError`` with one message per bad field (nothing is written then).
     """
-    from scheduler.policies.registry import available_policies
-
     errors: dict[str, str] = {}
     if since >= until:
         errors["until"] = "must be after the start of the period"
-    known = set(available_policies())
+    known = {value for value, _label in policy_choices()}
     chosen = list(dict.fromkeys(policies))
     if not chosen:
         errors["policies"] = "choose at least one policy"
@@ -190,7 +223,6 @@ def _execute(run: ReplayRun) -> None:
 
 def _simulate(run: ReplayRun, cluster: Any, jobs: list[Any]) -> list[Any]:
     from scheduler.interference import build_interference
-    from scheduler.policies.registry import build_policy
     from scheduler.simulator import simulate
     from scheduler.simulator.results import SimConfig
 
@@ -198,8 +230,8 @@ def _simulate(run: ReplayRun, cluster: Any, jobs: list[Any]) -> list[Any]:
     config = SimConfig(seed=run.seed)
     count = len(run.policies)
     results = []
-    for i, name in enumerate(run.policies):
-        policy = build_policy(name, None)
+    built = [_built(choice) for choice in run.policies]  # fail before the first simulation
+    for i, (name, policy) in enumerate(built):
         last = [0.0]
 
         def on_end(done: int, total: int, i: int = i, name: str = name, last=last) -> None:
@@ -215,9 +247,11 @@ def _simulate(run: ReplayRun, cluster: Any, jobs: list[Any]) -> list[Any]:
             )
 
         _set(run.pk, message=f"{name} ({i + 1} of {count}): starting")
-        results.append(
-            simulate(cluster, jobs, policy, interference=model, config=config, on_job_end=on_end)
+        result = simulate(
+            cluster, jobs, policy, interference=model, config=config, on_job_end=on_end
         )
+        result.policy = name  # a saved configuration is told apart from the defaults
+        results.append(result)
     return results
 
 

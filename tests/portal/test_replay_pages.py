@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 
 from portal.replay.models import ReplayRun
 from portal.replay.services import LIVE_ROW, replay_run_execute
@@ -148,3 +149,37 @@ def test_a_replay_whose_worker_died_is_taken_up_again(staff, history, settings, 
     )
     assert replay_run_execute(lost.pk).status == "done"
     assert replay_run_execute(recent.pk).status == "running"  # its worker may still be at it
+
+
+def test_saved_policy_configurations_replay_with_their_own_settings(
+    staff, history, settings, tmp_path
+):
+    from portal.core.models import PolicySettings
+    from portal.replay.forms import ReplayForm
+    from portal.replay.services import replay_run_create
+
+    settings.DATA_DIR = tmp_path
+    PolicySettings.objects.all().delete()
+    PolicySettings.objects.create(
+        name="lab", policy="binpack", params={"seed": 4, "max_jobs_per_gpu": 1}
+    )
+    PolicySettings.objects.create(
+        name="typo", policy="fifo", params={"no_such_knob": 1}, active=False
+    )
+    choices = dict(ReplayForm().fields["policies"].choices)
+    assert choices["saved:lab"] == "lab: binpack with its saved settings (active)"
+    assert "fifo" in choices
+
+    period = {"since": T0 - timedelta(hours=1), "until": T0 + timedelta(hours=1)}
+    run = replay_run_create(user=staff, policies=["fifo", "saved:lab"], **period)
+    run = replay_run_execute(run.pk)
+    assert run.status == "done", run.error
+    assert [row["policy"] for row in run.summary] == [LIVE_ROW, "fifo", "lab: binpack"]
+    assert {row["policy"] for row in run.per_user} == {"fifo", "lab: binpack"}
+
+    # the saved parameters reach the policy: a bad one fails the replay, naming it
+    run = replay_run_execute(replay_run_create(user=staff, policies=["saved:typo"], **period).pk)
+    assert run.status == "failed" and "no_such_knob" in run.error
+    with pytest.raises(ValidationError) as refused:
+        replay_run_create(user=staff, policies=["saved:gone"], **period)
+    assert "policies" in refused.value.message_dict
