@@ -89,6 +89,16 @@ def replay_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         for row in run.summary
     ]
     files = [name for name in FILES if run.out_dir and (Path(run.out_dir) / name).exists()]
+    live_sd = next(
+        (r.get("avg_slowdown") for r in run.summary if r.get("policy") == LIVE_ROW), None
+    )
+    # Live runs far from their profiles' times (the demo's DEMO_SCALE, stale profiles): the
+    # simulated rows use the profiles, so only the policies compare with each other then.
+    mismatch = None
+    if live_sd and not 0.5 <= live_sd <= 2.0:
+        mismatch = (
+            f"{1 / live_sd:.1f} times faster" if live_sd < 1 else f"{live_sd:.1f} times slower"
+        )
     return render(
         request,
         "replay/detail.html",
@@ -98,6 +108,7 @@ def replay_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "rows": rows,
             "per_user": run.per_user,
             "files": files,
+            "mismatch": mismatch,
             "running": run.status in (ReplayRun.Status.QUEUED, ReplayRun.Status.RUNNING),
         },
     )

@@ -103,6 +103,7 @@ def test_a_replay_runs_and_shows_the_comparison(
     text = page.content.decode()
     assert "live (as it ran)" in text and "binpack" in text and 'id="replay-users"' in text
     assert '<td class="num">1,810</td>' in text  # fifo's makespan, as the table shows it
+    assert 'id="replay-mismatch"' not in text  # the jobs ran 590 s of their profiles' 600 s
     status = client.get(f"/replay/{run.pk}/status/").json()
     assert status == {
         "id": run.pk,
@@ -183,3 +184,28 @@ def test_saved_policy_configurations_replay_with_their_own_settings(
     with pytest.raises(ValidationError) as refused:
         replay_run_create(user=staff, policies=["saved:gone"], **period)
     assert "policies" in refused.value.message_dict
+
+
+def test_the_page_warns_when_jobs_ran_far_from_their_profiles(
+    client, staff, alice, settings, tmp_path
+):
+    settings.DATA_DIR = tmp_path
+    nodes = make_nodes()
+    profile = make_profile("ResNet", TitanXp=600.0)
+    for i in range(3):  # the demo's DEMO_SCALE 0.1: 60 s runs of 600 s profiles
+        finished_job(
+            alice,
+            name=f"s{i}",
+            submitted_s=i,
+            wait_s=1,
+            run_s=60,
+            node=nodes["titan"],
+            profile=profile,
+        )
+    run = ReplayRun.objects.create(
+        created_by=staff, since=T0, until=T0 + timedelta(hours=1), policies=["fifo"]
+    )
+    replay_run_execute(run.pk)
+    client.force_login(staff)
+    text = client.get(f"/replay/{run.pk}/").content.decode()
+    assert "ran on average 10.0 times faster than their profiles say" in text
