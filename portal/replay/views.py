@@ -121,6 +121,7 @@ def replay_status(request: HttpRequest, run_id: int) -> JsonResponse:
         {
             "id": run.pk,
             "status": run.status,
+            "status_display": run.get_status_display(),
             "progress": run.progress,
             "message": run.message,
             "error": run.error,

@@ -12,7 +12,7 @@
       .then(function (s) {
         bar.value = s.progress;
         message.textContent = s.message;
-        status.textContent = s.status;
+        status.textContent = s.status_display;
         if (s.status === "done" || s.status === "failed") {
           window.location.reload();
         } else {

@@ -49,6 +49,7 @@ def test_the_replay_page_follows_a_running_replay(
         "the polled progress message",
     )
     assert browser.find_element(By.ID, "replay-bar").get_attribute("value") == "0.4"
+    assert browser.find_element(By.ID, "replay-status").text == "Running"
     screenshot(browser, "running")
 
     ReplayRun.objects.filter(pk=run.pk).update(status="queued")

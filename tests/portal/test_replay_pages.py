@@ -108,6 +108,7 @@ def test_a_replay_runs_and_shows_the_comparison(
     assert status == {
         "id": run.pk,
         "status": "done",
+        "status_display": "Done",
         "progress": 1.0,
         "message": "done",
         "error": "",
