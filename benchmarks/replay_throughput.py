@@ -13,7 +13,8 @@ The history (seeded, the same on every run): 14 nodes (4 x 8 V100, 4 x 8 A100, 4
 submitted without a profile (exported with their measured run), Poisson arrivals at an offered
 load of about 0.8 of the GPUs, each job completed with one attempt on a GPU of its node.
 Policies fifo and binpack (the replay page's default), interference class_based.
-Full run: 10,000 jobs; ``--quick``: 1,000.
+Full run: 10,000 jobs; ``--quick``: 1,000. Afterwards, on the same history, the time of one
+Prometheus exposition (``/metrics``' collector, read from the database at scrape time).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def run(quick: bool = False) -> dict:
         "summary": {
             f"replay of {jobs:,} jobs, {len(POLICIES)} policies (s)": total,
             "simulator, slowest policy (s)": max(result["policy_wall_s"].values()),
+            "/metrics exposition over the history (ms)": result["metrics_scrape_ms"],
             "export + files + comparison + report (s)": total
             - sum(result["policy_wall_s"].values()),
             f"goal < {GOAL_S:.0f} s for 10,000 jobs": (
@@ -74,6 +76,7 @@ def _print_table(r: dict[str, Any]) -> None:
     print(f"{'export, files, read-back, comparison, report':<44} {other:>8.2f}")
     print(f"{'whole replay (replay_run_execute)':<44} {r['replay_s']:>8.2f}")
     print(f"status: {r['status']}; runs: {', '.join(r['run_status'])}")
+    print(f"/metrics exposition with this history: {r['metrics_scrape_ms']:.1f} ms (median of 5)")
 
 
 # --- inside the portal process (manage.py shell) ---------------------------------------------
@@ -103,6 +106,7 @@ def inside(n_jobs: int) -> None:
     if run.status != "done":
         raise RuntimeError(f"replay failed: {run.error}")
     simulated = [row for row in run.summary if row["policy"] in POLICIES]
+    scrape_ms = _scrape_ms()
     print(
         json.dumps(
             {
@@ -114,9 +118,26 @@ def inside(n_jobs: int) -> None:
                 "run_status": [f"{row['policy']} {row['status']}" for row in simulated],
                 "policy_wall_s": {row["policy"]: row["wall_s"] for row in simulated},
                 "avg_jct_s": {row["policy"]: row["avg_jct_s"] for row in simulated},
+                "metrics_scrape_ms": scrape_ms,
             }
         )
     )
+
+
+def _scrape_ms(rounds: int = 5) -> float:
+    """Median time (ms) of one Prometheus exposition (``portal.core.prometheus``: the custom
+    collector's queries over this history, no HTTP) after one warm-up."""
+    import statistics
+
+    from portal.core.prometheus import exposition
+
+    exposition()
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        exposition()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
 
 
 def _seed(n_jobs: int, t0: Any) -> tuple[int, float]:
