@@ -210,3 +210,55 @@ def test_the_page_warns_when_jobs_ran_far_from_their_profiles(
     client.force_login(staff)
     text = client.get(f"/replay/{run.pk}/").content.decode()
     assert "ran on average 10.0 times faster than their profiles say" in text
+
+
+def test_a_demo_sessions_history_replays_with_a_report(staff, settings, tmp_path):
+    """The demo's own profiles, cluster (Titan Xp, A30 with MIG, a CPU node) and seed 004's
+    jobs, finished as the demo would leave them (each run taking its profile's time on the
+    model the demo's policy gave it), replayed under the demo's saved policy and fifo."""
+    from io import StringIO
+
+    from django.core.management import call_command
+    from django.utils import timezone
+
+    from portal.core.models import Gpu, Job, Node, Placement
+
+    settings.DATA_DIR = tmp_path
+    call_command("load_demo", stdout=StringIO())
+    jobs = list(Job.objects.select_related("profile").order_by("id"))
+    assert len(jobs) == 25
+    titan = Node.objects.get(name="gpu-titanxp-1")
+    cpu = Node.objects.get(kind="cpu")
+    start = timezone.now() - timedelta(hours=2)
+    for i, job in enumerate(jobs):
+        times = {t.gpu_model: t.time_s for t in job.profile.gpu_times.all()}
+        on_gpu = job.gpus > 0 and "TitanXp" in times
+        run_s = times["TitanXp"] if on_gpu else job.profile.cpu_time_s
+        placement = Placement.objects.create(
+            job=job, node=titan if on_gpu else cpu, policy="demo", active=False, outcome="completed"
+        )
+        if on_gpu:
+            placement.gpus.set([Gpu.objects.get(node=titan, index=i % 2)])
+        Job.objects.filter(pk=job.pk).update(
+            state="COMPLETED",
+            submitted_at=start + timedelta(seconds=i),
+            started_at=start + timedelta(seconds=i + 1),
+            finished_at=start + timedelta(seconds=i + 1 + run_s),
+        )
+    run = ReplayRun.objects.create(
+        created_by=staff,
+        since=start - timedelta(minutes=1),
+        until=timezone.now(),
+        policies=["saved:default", "fifo"],
+    )
+    run = replay_run_execute(run.pk)
+    assert run.status == "done", run.error
+    assert run.jobs_exported == 25 and run.left_out == {}
+    assert "2 A30" in run.cluster and "2 TitanXp" in run.cluster
+    policies = [row["policy"] for row in run.summary]
+    assert policies[0] == LIVE_ROW and policies[2] == "fifo" and policies[1].startswith("default:")
+    for row in run.summary[1:]:
+        assert row["status"] == "complete" and row["completed"] == 25
+    assert run.summary[0]["avg_slowdown"] == pytest.approx(1.0)  # ran as their profiles say
+    report = (tmp_path / "replay" / str(run.pk) / "report.html").read_text()
+    assert "fifo" in report and len(report) > 100_000
