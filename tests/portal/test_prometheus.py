@@ -284,3 +284,22 @@ def test_the_grafana_dashboard_reads_only_exposed_metrics(client, alice, store):
             read |= names
     assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "cosched_jobs"} <= read
     assert "cosched_decision_latency_seconds_bucket" in read
+
+
+def test_the_dashboard_lays_its_panels_out_without_overlap():
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = panels_of(dashboard)
+    assert len({p["id"] for p in panels}) == len(panels)
+    boxes = []
+    for p in panels:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24, p["title"]
+        boxes.append((g["x"], g["y"], g["x"] + g["w"], g["y"] + g["h"], p["title"]))
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            overlap = a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+            assert not overlap, f"{a[4]!r} overlaps {b[4]!r}"
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    for p in panels:
+        if p["type"] != "row":
+            assert p["datasource"]["uid"] == "${datasource}" and "datasource" in variables
