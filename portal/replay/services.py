@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
 import statistics
 import time
 from collections.abc import Sequence
@@ -137,6 +138,18 @@ def replay_run_create(
 
     transaction.on_commit(enqueue)
     return run
+
+
+def replay_run_delete(run: ReplayRun) -> None:
+    """Delete a replay that is not running, and its directory (export, outputs).
+
+    Raises ``ValidationError`` for a queued or running replay (its task would write again)."""
+    if run.status in (ReplayRun.Status.QUEUED, ReplayRun.Status.RUNNING):
+        raise ValidationError("a queued or running replay cannot be deleted; wait for it to end")
+    folder = replay_dir(run.pk)
+    run.delete()
+    if folder.is_dir():
+        shutil.rmtree(folder)
 
 
 def _set(run_id: int, **fields: Any) -> None:

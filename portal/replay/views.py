@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import ValidationError
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
 from portal.replay.forms import ReplayForm
 from portal.replay.models import ReplayRun
-from portal.replay.services import LIVE_ROW, replay_run_create
+from portal.replay.services import LIVE_ROW, replay_run_create, replay_run_delete
 
 # Files of a replay's directory the page links to: name -> content type.
 FILES = {
@@ -112,6 +114,19 @@ def replay_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "running": run.status in (ReplayRun.Status.QUEUED, ReplayRun.Status.RUNNING),
         },
     )
+
+
+@require_POST
+@staff_member_required
+def replay_delete(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(ReplayRun, pk=run_id)
+    try:
+        replay_run_delete(run)
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+        return redirect("replay_detail", run_id=run_id)
+    messages.success(request, f"Replay {run_id} and its files deleted.")
+    return redirect("replay_list")
 
 
 @staff_member_required

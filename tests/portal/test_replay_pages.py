@@ -262,3 +262,23 @@ def test_a_demo_sessions_history_replays_with_a_report(staff, settings, tmp_path
     assert run.summary[0]["avg_slowdown"] == pytest.approx(1.0)  # ran as their profiles say
     report = (tmp_path / "replay" / str(run.pk) / "report.html").read_text()
     assert "fifo" in report and len(report) > 100_000
+
+
+def test_staff_delete_an_ended_replay_with_its_files(client, staff, history, settings, tmp_path):
+    settings.DATA_DIR = tmp_path
+    period = {"since": T0 - timedelta(hours=1), "until": T0 + timedelta(hours=1)}
+    done = replay_run_execute(
+        ReplayRun.objects.create(created_by=staff, policies=["fifo"], **period).pk
+    )
+    folder = tmp_path / "replay" / str(done.pk)
+    assert (folder / "report.html").exists()
+    running = ReplayRun.objects.create(
+        created_by=staff, policies=["fifo"], status="running", **period
+    )
+    client.force_login(staff)
+    assert client.get(f"/replay/{done.pk}/delete/").status_code == 405
+    response = client.post(f"/replay/{running.pk}/delete/")
+    assert response.status_code == 302 and ReplayRun.objects.filter(pk=running.pk).exists()
+    response = client.post(f"/replay/{done.pk}/delete/")
+    assert response.status_code == 302 and response["Location"] == "/replay/"
+    assert not ReplayRun.objects.filter(pk=done.pk).exists() and not folder.exists()
