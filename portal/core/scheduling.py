@@ -40,6 +40,7 @@ from django.utils import timezone
 from portal.core import adapters, training
 from portal.core.models import Gpu, Job, JobEvent, Node, Placement, PlacementPart, PolicySettings
 from portal.core.outbox import emit_nudges
+from portal.core.prometheus import observe_decision_latency
 from portal.core.services import job_nodes, job_preempt, job_transition
 from portal.core.states import PLACED, IllegalTransition, JobState
 from scheduler.domain import (
@@ -657,6 +658,8 @@ def run_cycle(*, actor: str = "scheduler", seed: int | None = None) -> CycleResu
         if to_nudge:
             emit_nudges(to_nudge, "scheduling cycle")
     result.seconds = time.perf_counter() - started
+    # Prometheus' decision latency histogram (portal.core.prometheus; best effort, after commit)
+    observe_decision_latency(result.policy_seconds, result.seconds)
     if result.placed or result.actions or result.refused:
         log.info("cycle %s", result.summary())
     return result
