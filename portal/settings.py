@@ -37,6 +37,7 @@ INSTALLED_APPS = [
     "portal.api",
     "portal.front",
     "portal.ml",
+    "portal.teams",
 ]
 
 MIDDLEWARE = [
@@ -219,6 +220,10 @@ COSCHED = {
     "SYNC_INTERVAL_S": envfloat("COSCHED_SYNC_INTERVAL_S", 1.0),
     "RECONCILE_EVERY_S": envfloat("COSCHED_RECONCILE_EVERY_S", 5.0),
     "CYCLE_EVERY_S": envfloat("COSCHED_CYCLE_EVERY_S", 10.0),
+    # Fair share (docs/projects.md): past usage counts half after this many seconds; CPU-only
+    # jobs count their core-seconds times FAIRSHARE_CPU_WEIGHT (GPU-seconds count 1).
+    "FAIRSHARE_HALF_LIFE_S": envfloat("COSCHED_FAIRSHARE_HALF_LIFE_S", 7 * 24 * 3600.0),
+    "FAIRSHARE_CPU_WEIGHT": envfloat("COSCHED_FAIRSHARE_CPU_WEIGHT", 0.0),
 }
 if COSCHED["LEASE_S"] <= 2 * COSCHED["SYNC_INTERVAL_S"] or COSCHED["LEASE_MARGIN_S"] <= 0:
     raise ValueError(

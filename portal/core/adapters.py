@@ -111,6 +111,7 @@ def job_to_domain(job: Job, *, epoch: Any = None) -> JobSpec:
         elastic_min=job.elastic_min_workers,
         elastic_max=job.elastic_max_workers,
         params=dict(job.params or {}),
+        project=job.project.name if job.project_id is not None and job.project else None,
     )
 
 

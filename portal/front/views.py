@@ -24,6 +24,7 @@ from portal.front import profile_metrics
 from portal.front.forms import JobFilterForm, JobSubmitForm, ProfileFilterForm, TokenCreateForm
 from portal.front.models import ApiToken
 from portal.front.services import token_create, token_revoke
+from portal.teams.selectors import can_control_job
 
 JOBS_PER_PAGE = 25
 QUEUE_ROWS = 50
@@ -142,7 +143,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "placement": next((p for p in placements if p.active), None),
             "past_placements": [p for p in placements if not p.active],
             "attempts": selectors.job_attempts(job),
-            "can_cancel": not job.is_terminal,
+            "can_cancel": not job.is_terminal and can_control_job(request.user, job),
             "admin_url": _admin_url("core_job_change", job.pk) if request.user.is_staff else None,
         },
     )
@@ -152,6 +153,11 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 @require_POST
 def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
     job = selectors.job_for_user(request.user, job_id)
+    if not can_control_job(request.user, job):
+        messages.error(
+            request, f"Only the owner of job #{job.pk} or a project manager can cancel it."
+        )
+        return redirect("job_detail", job_id=job.pk)
     try:
         job_cancel(job, actor=_actor(request), message="cancelled from the portal")
     except IllegalTransition as exc:

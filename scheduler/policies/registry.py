@@ -36,6 +36,7 @@ POLICIES: dict[str, str] = {
     "warped_slicer": "scheduler.policies.kscheduler:WarpedSlicerPolicy",
     "sharing_pipeline": "scheduler.policies.sharing_chain:SharingPipelinePolicy",
     "sharing_chain": "scheduler.policies.sharing_chain:SharingChainPolicy",
+    "quota": "scheduler.policies.quota:QuotaPolicy",
     # Later: "slowdown_dr", "elastic".
 }
 

@@ -1,0 +1,346 @@
+"""``quota``: project quotas with borrowing and reclaim, and fair-share ordering, around any
+registered policy (docs/projects.md).
+
+Each project has, per GPU model, a **guaranteed** number of GPUs and a **borrowing limit**
+(``ClusterState.accounts.quotas``; a project without a quota row for a model has 0 guaranteed
+and no borrowing limit, so a cluster without quotas behaves as the wrapped policy does). A cycle:
+
+1. **Order.** The queue is walked in (priority, fair-share factor, queue position) order, higher
+   first; a job whose project still has room in its guarantee (counting the GPUs its running
+   jobs hold and the jobs before it in this walk) is in the first tier, the others (they would
+   borrow) in the second. The wrapped policy sees the first tier, then the second: guaranteed
+   work is placed before borrowed work.
+2. **Admit.** Each placement the wrapped policy decides is checked against the project's quota
+   on the GPU model it chose: within the guarantee it is admitted; beyond it, it borrows idle
+   capacity up to the borrowing limit; past the limit it is refused and waits with a reason
+   ("project X at its guaranteed 4 V100; borrowing limit reached (2 borrowed of 2)"). When a
+   decision is refused the wrapped policy runs again without the refused jobs (at most
+   ``max_rounds`` rounds), so the GPUs they would have taken go to others in the same cycle.
+3. **Reclaim.** A first-tier job still queued whose project is below its guarantee on a model
+   with too few idle GPUs gets them back: running jobs of projects above their own guarantee on
+   that model (borrowed GPUs) are requeued, newest first, until enough are freed (REQUEUE
+   actions; the live loop stops them and they queue again, now in the second tier). The job
+   waits with "reclaiming N V100 borrowed by project Y (jobs 7, 9)" meanwhile.
+
+GPU counts are a job's GPUs (a shared GPU counts once for each job on it). CPU-only jobs and
+jobs without a project are not limited. The wrapped policy chooses the GPU model; a job refused
+on the model it chose waits this cycle even if another model had room (a known limit).
+
+Parameters:
+
+- ``base`` (str, "fifo"): the registered policy that places jobs.
+- ``base_params`` (mapping or None): its parameters; any parameter that is not one of the
+  wrapper's own is passed to it as well.
+- ``reclaim`` (bool, True): requeue borrowed jobs when a project needs its guarantee back.
+- ``fair_share`` (bool, True): order each tier by the fair-share factor after priority
+  (``scheduler.fairshare``); off: by priority, then queue order.
+- ``max_rounds`` (int, 3): how often the wrapped policy may run in one cycle.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from scheduler.domain import (
+    Action,
+    ActionKind,
+    ClusterState,
+    Decision,
+    JobSpec,
+    Plan,
+    ProjectQuota,
+    RunningJob,
+)
+from scheduler.fairshare import fair_share_factors, job_factor
+from scheduler.policies.base import Policy, PolicyError
+
+quota_defaults: dict[str, Any] = {
+    "base": "fifo",
+    "base_params": None,
+    "reclaim": True,
+    "fair_share": True,
+    "max_rounds": 3,
+}
+
+Key = tuple[str, str]  # (project, GPU model)
+
+
+class QuotaBook:
+    """Quotas and GPUs held, per (project, GPU model), as one cycle changes them."""
+
+    def __init__(self, quotas: Sequence[ProjectQuota]) -> None:
+        self.quotas: dict[Key, ProjectQuota] = {(q.project, q.gpu_model): q for q in quotas}
+        self.used: Counter[Key] = Counter()
+
+    def guaranteed(self, key: Key) -> int:
+        q = self.quotas.get(key)
+        return q.guaranteed if q else 0
+
+    def cap(self, key: Key) -> int | None:
+        """Most GPUs the project may hold on the model (None: no limit)."""
+        q = self.quotas.get(key)
+        if q is None or q.borrow_limit is None:
+            return None
+        return q.guaranteed + q.borrow_limit
+
+    def refusal(self, key: Key, gpus: int) -> str | None:
+        """Why the project may not take ``gpus`` more GPUs of the model (None: it may)."""
+        cap = self.cap(key)
+        used = self.used[key]
+        if cap is None or used + gpus <= cap:
+            return None
+        project, model = key
+        guaranteed = self.guaranteed(key)
+        limit = cap - guaranteed
+        if used >= guaranteed:
+            borrowed = used - guaranteed
+            if limit == 0:
+                return f"project {project} at its guaranteed {guaranteed} {model}; no borrowing"
+            return (
+                f"project {project} at its guaranteed {guaranteed} {model}; borrowing limit "
+                f"reached ({borrowed} borrowed of {limit})"
+            )
+        return (
+            f"project {project} holds {used} of its guaranteed {guaranteed} {model}; "
+            f"{gpus} more would pass its borrowing limit of {limit}"
+        )
+
+
+def _model_of(state: ClusterState) -> dict[tuple[str, int], str]:
+    return {(n.name, g.index): g.spec.model for n in state.nodes for g in n.gpus}
+
+
+def _models_of(keys: Sequence[tuple[str, int]], model_of: Mapping[tuple[str, int], str]) -> Counter:
+    return Counter(model_of.get(k, "?") for k in keys)
+
+
+class QuotaPolicy(Policy):
+    name: ClassVar[str] = "quota"
+    defaults: ClassVar[dict[str, Any]] = quota_defaults
+
+    def __init__(self, **params: Any) -> None:
+        from scheduler.policies.registry import build_policy
+
+        # Parameters that are not the wrapper's own go to the base policy (which checks them),
+        # so ``build_policy("quota", {"backfill": True})`` configures the base fifo.
+        own = {k: v for k, v in params.items() if k in self.defaults}
+        passed = {k: v for k, v in params.items() if k not in self.defaults}
+        super().__init__(**own)
+
+        base = self.params["base"]
+        if not isinstance(base, str) or base == self.name:
+            raise PolicyError(f"policy {self.name!r}: base must name another policy, got {base!r}")
+        rounds = self.params["max_rounds"]
+        if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= 20:
+            raise PolicyError(f"policy {self.name!r}: max_rounds must be 1 to 20, got {rounds!r}")
+        self.base = build_policy(base, {**dict(self.params.get("base_params") or {}), **passed})
+
+    # -- ordering -------------------------------------------------------------------------------
+
+    def _order(self, state: ClusterState, book: QuotaBook) -> tuple[list[JobSpec], set[str]]:
+        """The queue in tier order, and the ids of the first tier (see the module docstring)."""
+        factors = (
+            fair_share_factors(state.accounts, state.pending) if self.params["fair_share"] else {}
+        )
+        position = {job.id: i for i, job in enumerate(state.pending)}
+        ordered = sorted(
+            state.pending,
+            key=lambda j: (-j.priority, -job_factor(j, factors), position[j.id]),
+        )
+        headroom: dict[str, int] = defaultdict(int)
+        for (project, _model), q in book.quotas.items():
+            headroom[project] += q.guaranteed
+        for (project, _model), used in book.used.items():
+            headroom[project] -= used
+        first: list[JobSpec] = []
+        second: list[JobSpec] = []
+        for job in ordered:
+            if job.gpus > 0 and job.project is not None and headroom[job.project] >= job.gpus:
+                headroom[job.project] -= job.gpus
+                first.append(job)
+            else:
+                second.append(job)
+        return first + second, {j.id for j in first}
+
+    # -- the cycle -------------------------------------------------------------------------------
+
+    def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
+        model_of = _model_of(state)
+        book = QuotaBook(state.accounts.quotas)
+        for r in state.running:
+            if r.job.project is not None:
+                for model, n in _models_of(r.placement.gpu_keys, model_of).items():
+                    book.used[(r.job.project, model)] += n
+        held = Counter(book.used)
+        ordered, first_tier = self._order(state, book)
+        jobs = {j.id: j for j in ordered}
+
+        refused: dict[str, str] = {}
+        plan = Plan()
+        admitted: list[Decision] = []
+        for round_no in range(int(self.params["max_rounds"])):
+            queue = tuple(j for j in ordered if j.id not in refused)
+            plan = self.base.schedule(replace(state, pending=queue), rng)
+            book.used = Counter(held)
+            admitted = []
+            newly = False
+            for decision in plan.decisions:
+                job = jobs.get(decision.placement.job_id)
+                if job is None:
+                    continue
+                if job.project is None or job.gpus <= 0:
+                    admitted.append(self._note_borrowing(decision, job, Counter(), book))
+                    continue
+                counts = _models_of(decision.placement.gpu_keys, model_of)
+                reason = next(
+                    (
+                        why
+                        for model, n in counts.items()
+                        if (why := book.refusal((job.project, model), n)) is not None
+                    ),
+                    None,
+                )
+                if reason is not None:
+                    refused[job.id] = reason
+                    newly = True
+                    continue
+                for model, n in counts.items():
+                    book.used[(job.project, model)] += n
+                admitted.append(self._note_borrowing(decision, job, counts, book))
+            if not newly:
+                break
+            if round_no == int(self.params["max_rounds"]) - 1:
+                break
+
+        placed = {d.placement.job_id for d in admitted}
+        waiting: dict[str, str] = {}
+        for job in ordered:
+            if job.id in placed:
+                continue
+            if job.id in refused:
+                waiting[job.id] = f"waiting for quota: {refused[job.id]}"
+                continue
+            reason = plan.waiting.get(job.id, "not placed by the base policy this cycle")
+            if job.id not in first_tier and job.gpus > 0 and job.project is not None:
+                reason += f" (project {job.project} is past its guarantee: it would borrow)"
+            waiting[job.id] = reason
+
+        actions = list(plan.actions)
+        if self.params["reclaim"]:
+            actions += self._reclaim(state, ordered, first_tier, placed, admitted, book, waiting)
+        return Plan(decisions=tuple(admitted), actions=tuple(actions), waiting=waiting)
+
+    def _note_borrowing(
+        self, decision: Decision, job: JobSpec, counts: Counter, book: QuotaBook
+    ) -> Decision:
+        notes = []
+        for model in counts:
+            key = (job.project or "", model)
+            over = book.used[key] - book.guaranteed(key)
+            if over > 0:
+                notes.append(
+                    f"borrows {min(over, counts[model])} {model} beyond project {job.project}'s "
+                    f"guaranteed {book.guaranteed(key)} (reclaimable)"
+                )
+        text = f"{decision.policy}: {decision.explanation}"
+        if notes:
+            text += f"; {'; '.join(notes)}"
+        return replace(decision, policy=self.name, explanation=text)
+
+    def _reclaim(
+        self,
+        state: ClusterState,
+        ordered: list[JobSpec],
+        first_tier: set[str],
+        placed: set[str],
+        admitted: list[Decision],
+        book: QuotaBook,
+        waiting: dict[str, str],
+    ) -> list[Action]:
+        """REQUEUE borrowed jobs for first-tier jobs still queued (see the module docstring)."""
+        model_of = _model_of(state)
+        idle: Counter[str] = Counter()
+        taken = {k for d in admitted for k in d.placement.gpu_keys}
+        for node in state.nodes:
+            if not node.up:
+                continue
+            for g in node.gpus:
+                if g.idle and g.key not in taken:
+                    idle[g.spec.model] += 1
+        # Running jobs that hold GPUs of each model, newest first.
+        on_model: dict[str, list[RunningJob]] = defaultdict(list)
+        for r in sorted(state.running, key=lambda r: (-r.started_s, _id_key(r.job.id))):
+            if r.job.project is None or r.paused:
+                continue
+            for model in _models_of(r.placement.gpu_keys, model_of):
+                on_model[model].append(r)
+        requeued: set[str] = set()
+        actions: list[Action] = []
+        for job in ordered:
+            if job.id in placed or job.id not in first_tier or job.project is None:
+                continue
+            project = job.project
+            # The model where the project is owed the most (and is owed enough for this job).
+            owed = sorted(
+                (
+                    (book.guaranteed(key) - book.used[key], key[1])
+                    for key in book.quotas
+                    if key[0] == project and book.guaranteed(key) - book.used[key] >= job.gpus
+                ),
+                key=lambda t: (-t[0], t[1]),
+            )
+            if not owed:
+                continue
+            model = owed[0][1]
+            if idle[model] >= job.gpus:
+                idle[model] -= job.gpus  # room is there: the base policy had another reason
+                book.used[(project, model)] += job.gpus
+                continue
+            need = job.gpus - idle[model]
+            victims: list[RunningJob] = []
+            freed = 0
+            for r in on_model[model]:
+                if freed >= need:
+                    break
+                lender = r.job.project
+                assert lender is not None
+                key = (lender, model)
+                if r.job.id in requeued or lender == project:
+                    continue
+                if book.used[key] <= book.guaranteed(key):
+                    continue  # within its own guarantee: not borrowed
+                n = _models_of(r.placement.gpu_keys, model_of)[model]
+                victims.append(r)
+                requeued.add(r.job.id)
+                book.used[key] -= n
+                freed += n
+            if not victims:
+                continue
+            idle[model] = max(0, idle[model] + freed - job.gpus)
+            book.used[(project, model)] += job.gpus
+            lenders = sorted({r.job.project or "" for r in victims})
+            ids = ", ".join(r.job.id for r in victims)
+            waiting[job.id] = (
+                f"waiting for its guaranteed {model}: reclaiming {freed} {model} borrowed by "
+                f"project {', '.join(lenders)} (jobs {ids})"
+            )
+            for r in victims:
+                actions.append(
+                    Action(
+                        ActionKind.REQUEUE,
+                        r.job.id,
+                        self.name,
+                        f"requeued: its {model} were borrowed beyond project {r.job.project}'s "
+                        f"guarantee and project {project} reclaims them for job {job.id}",
+                    )
+                )
+        return actions
+
+
+def _id_key(job_id: str) -> tuple[int, int | str]:
+    """Newest first among jobs started at the same time: larger numeric ids first."""
+    return (0, -int(job_id)) if job_id.isdigit() else (1, job_id)
