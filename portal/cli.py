@@ -376,6 +376,9 @@ def _not_found(job_id: int) -> str:
 
 def cmd_submit(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     fields, raw = load_job_file(args.jobfile)
+    if getattr(args, "project", None):
+        fields["project"] = args.project
+        raw += b"\nproject: " + args.project.encode()  # a new project is a new job
     headers: dict[str, str] = {}
     key = (
         None if args.no_idempotency_key else (args.idempotency_key or default_idempotency_key(raw))
@@ -610,6 +613,63 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
     return EXIT_OK
 
 
+def cmd_usage(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    params: dict[str, Any] = {"since": args.since, "by": args.by}
+    if args.until:
+        params["until"] = args.until
+    _, data = client.request("GET", "/api/v1/usage/", params=params)
+    if args.json:
+        _emit_json(data, out)
+        return EXIT_OK
+    rows = data.get("rows", [])
+    if args.csv:
+        import csv
+
+        models = sorted({m for row in rows for m in row.get("gpu_seconds_by_model", {})})
+        writer = csv.writer(out, lineterminator="\n")
+        columns = ["jobs", "gpu_seconds", "cpu_seconds", "wait_seconds", "mean_wait_seconds"]
+        writer.writerow([args.by, *columns, *(f"gpu_seconds_{m}" for m in models)])
+        for row in rows:
+            writer.writerow(
+                [
+                    row["group"],
+                    *(row[c] for c in columns),
+                    *(row["gpu_seconds_by_model"].get(m, 0.0) for m in models),
+                ]
+            )
+        return EXIT_OK
+    out.write(f"Usage {_when(data.get('since'))[:16]} to {_when(data.get('until'))[:16]} UTC\n")
+    if not rows:
+        out.write("No jobs in this window.\n")
+        return EXIT_OK
+    models = sorted({m for row in rows for m in row.get("gpu_seconds_by_model", {})})
+    headers = [args.by.upper(), "JOBS", "GPU-H", *(f"{m}-H" for m in models), "CPU-H", "WAIT-H"]
+    table = [
+        [
+            row["group"],
+            row["jobs"],
+            f"{row['gpu_seconds'] / 3600:.2f}",
+            *(f"{row['gpu_seconds_by_model'].get(m, 0.0) / 3600:.2f}" for m in models),
+            f"{row['cpu_seconds'] / 3600:.2f}",
+            f"{row['wait_seconds'] / 3600:.2f}",
+        ]
+        for row in rows
+    ]
+    total = data.get("total", {})
+    table.append(
+        [
+            "TOTAL",
+            total.get("jobs", 0),
+            f"{total.get('gpu_seconds', 0.0) / 3600:.2f}",
+            *(f"{total.get('gpu_seconds_by_model', {}).get(m, 0.0) / 3600:.2f}" for m in models),
+            f"{total.get('cpu_seconds', 0.0) / 3600:.2f}",
+            f"{total.get('wait_seconds', 0.0) / 3600:.2f}",
+        ]
+    )
+    out.write(_table(table, headers) + "\n")
+    return EXIT_OK
+
+
 # -- entry point ------------------------------------------------------------------------------
 
 
@@ -650,6 +710,7 @@ job file (YAML, or JSON when the name ends in .json; - reads standard input):
   container_image: ""             # optional
   elastic_min_workers: 1          # optional, elastic training
   elastic_max_workers: 4
+  project: vision-lab             # optional: a project you belong to (default: yours)
 
 Unknown fields are refused (a typo is not ignored). A job that can never run on the cluster
 (more GPUs of one model than exist, more GPU memory than any GPU, more cores than any node) is
@@ -710,6 +771,9 @@ def build_parser() -> argparse.ArgumentParser:
         "step with the same file returns the same job)",
     )
     keys.add_argument("--no-idempotency-key", action="store_true", help="always create a new job")
+    p.add_argument(
+        "--project", help="the project (team) to submit to (default: the file's, else yours)"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print only the job id")
     p.add_argument(
         "--wait",
@@ -767,6 +831,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="cut waiting reasons to this many characters (0: whole; default 70)",
     )
     p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser(
+        "usage",
+        parents=[common],
+        help="GPU-hours, CPU-hours and wait per project, user or job",
+        description=(
+            "Usage accounting over the jobs you can see (yours and your projects'; staff: all): "
+            "GPU-hours by GPU model, CPU core-hours and time queued."
+        ),
+    )
+    p.add_argument("--since", default="30d", help="7d, 24h, 30m, 2w or a date (default 30d)")
+    p.add_argument("--until", help="same forms (default: now)")
+    p.add_argument("--by", choices=["project", "user", "job"], default="project")
+    p.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    p.set_defaults(func=cmd_usage)
 
     p = sub.add_parser(
         "completion",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
@@ -24,6 +25,8 @@ from portal.front import profile_metrics
 from portal.front.forms import JobFilterForm, JobSubmitForm, ProfileFilterForm, TokenCreateForm
 from portal.front.models import ApiToken
 from portal.front.services import token_create, token_revoke
+from portal.teams.accounting import fair_share_of
+from portal.teams.models import Membership
 from portal.teams.selectors import can_control_job
 
 JOBS_PER_PAGE = 25
@@ -98,15 +101,18 @@ def jobs(request: HttpRequest) -> HttpResponse:
 
 @login_required
 def job_new(request: HttpRequest) -> HttpResponse:
+    user = request.user
     if request.method != "POST":
-        form = JobSubmitForm()
+        form = JobSubmitForm(user=user)
         if request.GET.get("profile"):  # "Submit a job with it" from a profile page
-            form = JobSubmitForm(initial=JobSubmitForm(request.GET).filled_from_profile().dict())
+            filled = JobSubmitForm(request.GET).filled_from_profile().dict()
+            form = JobSubmitForm(initial=filled, user=user)
         return render(request, "front/job_new.html", {"form": form})
     if "prefill" in request.POST:  # "Fill in from profile" without JavaScript
-        form = JobSubmitForm(initial=JobSubmitForm(request.POST).filled_from_profile().dict())
+        filled = JobSubmitForm(request.POST).filled_from_profile().dict()
+        form = JobSubmitForm(initial=filled, user=user)
         return render(request, "front/job_new.html", {"form": form})
-    form = JobSubmitForm(request.POST)
+    form = JobSubmitForm(request.POST, user=user)
     if form.is_valid():
         token = form.cleaned_data["submit_token"]
         try:
@@ -272,7 +278,14 @@ def _account(request: HttpRequest, form: TokenCreateForm, **extra: object) -> Ht
     response = render(
         request,
         "front/account.html",
-        {"form": form, "tokens": request.user.api_tokens.all(), **extra},
+        {
+            "form": form,
+            "tokens": request.user.api_tokens.all(),
+            "fair_share": fair_share_of(request.user, timezone.now()),
+            "memberships": Membership.objects.filter(user=request.user).select_related("project"),
+            "half_life_days": settings.COSCHED["FAIRSHARE_HALF_LIFE_S"] / 86400,
+            **extra,
+        },
         status=400 if form.errors else 200,
     )
     response["Cache-Control"] = "no-store"  # the page may show a new key once

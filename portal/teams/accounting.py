@@ -22,9 +22,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q
+from django.db.models import Q, Subquery
 
-from portal.core.models import Placement
+from portal.core.models import Job, Placement
 from portal.teams.models import Project, ProjectQuota
 from scheduler.catalog import UnknownGpuModel, canonical_model
 from scheduler.domain import Accounts
@@ -122,20 +122,11 @@ def usage_records(
             placements__isnull=False,
         )
     window &= Q(submitted_at__lt=until_eff)
+    matching = jobs.filter(window).order_by().values("pk")
     job_rows = list(
-        jobs.filter(window)
-        .distinct()
+        Job.objects.filter(pk__in=Subquery(matching))
         .select_related("owner", "project")
         .order_by("submitted_at", "id")
-        .only(
-            "id",
-            "name",
-            "state",
-            "submitted_at",
-            "finished_at",
-            "owner__username",
-            "project__name",
-        )
     )
     ids = [j.pk for j in job_rows]
     attempts: dict[int, list[Attempt]] = defaultdict(list)
@@ -307,3 +298,112 @@ __all__ = [
     "usage_records",
     "usage_totals",
 ]
+
+
+# -- report windows, CSV and the figure -------------------------------------------------------
+
+_UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_when(text: str | None, now: datetime, *, field: str) -> datetime | None:
+    """``"7d"``, ``"24h"``, ``"30m"``, ``"2w"`` (that long before ``now``), an ISO date or
+    date-time (UTC unless it says), or empty (None). Raises ``ValueError`` naming ``field``."""
+    from django.utils.dateparse import parse_date, parse_datetime
+    from django.utils.timezone import make_aware
+
+    if text is None or not str(text).strip():
+        return None
+    text = str(text).strip()
+    unit = _UNITS.get(text[-1:].lower())
+    if unit is not None and text[:-1].replace(".", "", 1).isdigit():
+        return now - timedelta(seconds=float(text[:-1]) * unit)
+    try:
+        moment = parse_datetime(text)
+        if moment is None:
+            day = parse_date(text)
+            if day is not None:
+                moment = datetime(day.year, day.month, day.day)
+    except ValueError:
+        moment = None
+    if moment is None:
+        raise ValueError(
+            f"{field}: {text!r} is not a date (2026-11-01), a date-time (2026-11-01T08:00) or "
+            "a span back from now (30m, 24h, 7d, 2w)"
+        )
+    if moment.tzinfo is None:
+        from datetime import UTC
+
+        moment = make_aware(moment, UTC)
+    return moment
+
+
+CSV_COLUMNS = ("jobs", "gpu_seconds", "cpu_seconds", "wait_seconds", "mean_wait_seconds")
+
+
+def usage_csv(rows: list[dict[str, Any]], by: str) -> str:
+    """The rows as CSV: the group, the job columns when ``by`` is job, the totals, then one
+    ``gpu_seconds_<model>`` column per GPU model."""
+    import csv
+    import io
+
+    models = sorted({m for row in rows for m in row["gpu_seconds_by_model"]})
+    extra = ["name", "user", "project", "state"] if by == "job" else []
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow([by, *extra, *CSV_COLUMNS, *(f"gpu_seconds_{m}" for m in models)])
+    for row in rows:
+        writer.writerow(
+            [
+                row[by],
+                *(row.get(k, "") for k in extra),
+                *(round(row[c], 3) if isinstance(row[c], float) else row[c] for c in CSV_COLUMNS),
+                *(round(row["gpu_seconds_by_model"].get(m, 0.0), 3) for m in models),
+            ]
+        )
+    return buffer.getvalue()
+
+
+def usage_figure(rows: list[dict[str, Any]], by: str) -> dict[str, Any]:
+    """A plotly figure (plain dict): GPU-hours per group stacked by GPU model, and the mean
+    wait in hours on a second axis. Pure: used by the usage page."""
+    groups = [str(r[by]) for r in rows]
+    models = sorted({m for r in rows for m in r["gpu_seconds_by_model"]})
+    data: list[dict[str, Any]] = [
+        {
+            "type": "bar",
+            "name": f"{m} GPU-hours",
+            "x": groups,
+            "y": [round(r["gpu_seconds_by_model"].get(m, 0.0) / 3600, 4) for r in rows],
+        }
+        for m in models
+    ]
+    data.append(
+        {
+            "type": "bar",
+            "name": "CPU core-hours",
+            "x": groups,
+            "y": [round(r["cpu_seconds"] / 3600, 4) for r in rows],
+            "visible": "legendonly",
+        }
+    )
+    data.append(
+        {
+            "type": "scatter",
+            "mode": "markers",
+            "name": "mean wait (h)",
+            "x": groups,
+            "y": [round(r["mean_wait_seconds"] / 3600, 4) for r in rows],
+            "yaxis": "y2",
+        }
+    )
+    return {
+        "data": data,
+        "layout": {
+            "barmode": "stack",
+            "xaxis": {"title": {"text": by}, "type": "category"},
+            "yaxis": {"title": {"text": "hours"}},
+            "yaxis2": {"title": {"text": "mean wait (h)"}, "overlaying": "y", "side": "right"},
+            "legend": {"orientation": "h"},
+            "margin": {"t": 30},
+        },
+    }
