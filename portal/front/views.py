@@ -95,6 +95,8 @@ def jobs(request: HttpRequest) -> HttpResponse:
             "query": query,
             "tabs": tabs,
             "any_jobs": selectors.jobs_visible_to(request.user).exists(),
+            # Staff, and members of a project whose other members' jobs are listed
+            "show_owner": request.user.is_staff or visible.exclude(owner=request.user).exists(),
         },
     )
 

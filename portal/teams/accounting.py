@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Q, Subquery
+from django.db.models import Count, Min, Q, Subquery
 
 from portal.core.models import Job, Placement
 from portal.teams.models import Project, ProjectQuota
@@ -213,33 +213,33 @@ def decayed_usage_by_account(now: datetime) -> dict[tuple[str, str], float]:
         recent |= Q(released_at__gte=now - timedelta(seconds=10 * half_life))
     else:
         recent |= Q(released_at__isnull=False)
-    placements = (
+    # One aggregate query, no model instances: this runs in every scheduling cycle.
+    rows = (
         Placement.objects.filter(recent)
-        .select_related("job__project")
-        .prefetch_related("gpus", "parts")
-        .only(
-            "id",
-            "job_id",
+        .annotate(n_gpus=Count("gpus", distinct=True), first_part=Min("parts__started_at"))
+        .values_list(
             "started_at",
+            "first_part",
             "released_at",
             "active",
             "cpus",
+            "n_gpus",
             "job__owner_id",
             "job__project__name",
         )
     )
-    jobs: dict[int, tuple[str, str]] = {}
-    rows = list(placements)
-    for p in rows:
-        jobs[p.job_id] = (p.job.project.name if p.job.project else "", str(p.job.owner_id))
     usage: dict[tuple[str, str], float] = defaultdict(float)
     ref = now.timestamp()
-    for a in attempts_of(rows, now):
-        rate = sum(a.gpus_by_model.values()) or a.cpus * cpu_weight
+    for started, first_part, released, active, cpus, n_gpus, owner_id, project in rows:
+        start = started or first_part
+        if start is None:
+            continue
+        end = released if released is not None else (now if active else start)
+        rate = float(n_gpus) or cpus * cpu_weight
         if rate <= 0:
             continue
-        usage[jobs[a.job_id]] += decayed_usage(
-            rate, a.start.timestamp(), a.end.timestamp(), ref, half_life
+        usage[(project or "", str(owner_id))] += decayed_usage(
+            rate, start.timestamp(), end.timestamp(), ref, half_life
         )
     return dict(usage)
 

@@ -86,6 +86,26 @@ class ProjectQuota(models.Model):
             models.UniqueConstraint(fields=["project", "gpu_model"], name="quota_project_model")
         ]
 
+    def clean(self) -> None:
+        """The GPU model is a catalogue name or the model of a registered GPU (stored in the
+        catalogue's spelling, so the scheduler matches it)."""
+        from django.core.exceptions import ValidationError
+
+        from portal.core.models import Gpu
+        from scheduler.catalog import UnknownGpuModel, canonical_model
+
+        try:
+            self.gpu_model = canonical_model(self.gpu_model)
+        except UnknownGpuModel:
+            if not Gpu.objects.filter(model=self.gpu_model).exists():
+                known = sorted(set(Gpu.objects.values_list("model", flat=True)))
+                raise ValidationError(
+                    {
+                        "gpu_model": f"unknown GPU model {self.gpu_model!r}; the cluster has "
+                        f"{', '.join(known) or 'no GPUs yet'}"
+                    }
+                ) from None
+
     def __str__(self) -> str:
         limit = "any" if self.borrow_limit_gpus is None else self.borrow_limit_gpus
         return f"{self.project}: {self.guaranteed_gpus} {self.gpu_model} (+{limit})"

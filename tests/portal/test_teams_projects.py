@@ -132,3 +132,35 @@ def test_the_migration_moves_existing_jobs_to_personal_projects(alice, bob):
     assert job.project.personal_of == alice
     assert job.project.name == "alice"
     assert Membership.objects.filter(project=job.project, user=alice, role="manager").exists()
+
+
+def test_the_submit_form_offers_the_users_projects(client, alice, bob, carol, lab):
+    client.force_login(bob)
+    html = client.get("/jobs/new/").content.decode()
+    assert '<option value="lab"' in html and '<option value="bob" selected' in html
+    form = {"name": "f", "command": "true", "gpus": "0", "cpus": "1", "priority": "0"}
+    response = client.post("/jobs/new/", {**form, "project": "lab"})
+    assert response.status_code == 302
+    assert Job.objects.get(name="f").project == lab
+    client.force_login(carol)
+    response = client.post("/jobs/new/", {**form, "name": "g", "project": "lab"})
+    assert response.status_code == 400
+    assert "Select a valid choice" in response.content.decode()
+    assert not Job.objects.filter(name="g").exists()
+
+
+def test_admin_manages_projects_members_and_quotas(client, staff, alice, lab):
+    from portal.core.models import Gpu, Node
+    from portal.teams.models import ProjectQuota
+
+    client.force_login(staff)
+    assert client.get("/admin/teams/project/").status_code == 200
+    assert client.get(f"/admin/teams/project/{lab.pk}/change/").status_code == 200
+    node = Node.objects.create(name="n", kind="gpu", cores=4, memory_mb=1)
+    Gpu.objects.create(node=node, index=0, model="Quadro-X", memory_mb=1000)
+    quota = ProjectQuota(project=lab, gpu_model="v100", guaranteed_gpus=2)
+    quota.full_clean()
+    assert quota.gpu_model == "V100"  # the catalogue's spelling, which the scheduler matches
+    ProjectQuota(project=lab, gpu_model="Quadro-X", guaranteed_gpus=1).full_clean()
+    with pytest.raises(Exception, match="unknown GPU model 'H900'"):
+        ProjectQuota(project=lab, gpu_model="H900", guaranteed_gpus=1).full_clean()
