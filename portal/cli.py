@@ -293,6 +293,7 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
         ("state", job.get("state")),
         *([("waiting", job["waiting_reason"])] if job.get("waiting_reason") else []),
         ("owner", job.get("owner")),
+        *([("project", job["project"])] if job.get("project") else []),
         ("kind", job.get("kind")),
         ("profile", _profile_text(job)),
         ("gpus", job.get("gpus")),
@@ -579,6 +580,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
         out.write("No jobs" + (f" in state {args.state.upper()}" if args.state else "") + ".\n")
         return EXIT_OK
     show_owner = len({job.get("owner") for job in jobs}) > 1
+    show_project = len({job.get("project") for job in jobs}) > 1
     show_reason = any(job.get("waiting_reason") for job in jobs)
     headers = [
         "ID",
@@ -587,6 +589,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
         "GPUS",
         "SUBMITTED",
         *(["OWNER"] if show_owner else []),
+        *(["PROJECT"] if show_project else []),
         "NAME",
         *(["WAITING BECAUSE"] if show_reason else []),
     ]
@@ -598,6 +601,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
             job.get("gpus", ""),
             _when(job.get("submitted_at"))[:16],
             *([job.get("owner", "")] if show_owner else []),
+            *([job.get("project") or ""] if show_project else []),
             job.get("name", ""),
             *(
                 [_shorten(job.get("waiting_reason") or "", args.reason_width)]
@@ -617,7 +621,12 @@ def cmd_usage(client: Client, args: argparse.Namespace, out: IO[str], err: IO[st
     params: dict[str, Any] = {"since": args.since, "by": args.by}
     if args.until:
         params["until"] = args.until
-    _, data = client.request("GET", "/api/v1/usage/", params=params)
+    try:
+        _, data = client.request("GET", "/api/v1/usage/", params=params)
+    except CliError as exc:  # a 400 names the bad options, not a job
+        raise CliError(
+            str(exc).replace("rejected the job:", "rejected the options:"), exc.exit_code
+        ) from None
     if args.json:
         _emit_json(data, out)
         return EXIT_OK
@@ -633,8 +642,8 @@ def cmd_usage(client: Client, args: argparse.Namespace, out: IO[str], err: IO[st
             writer.writerow(
                 [
                     row["group"],
-                    *(row[c] for c in columns),
-                    *(row["gpu_seconds_by_model"].get(m, 0.0) for m in models),
+                    *(round(row[c], 3) for c in columns),
+                    *(round(row["gpu_seconds_by_model"].get(m, 0.0), 3) for m in models),
                 ]
             )
         return EXIT_OK

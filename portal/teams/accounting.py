@@ -305,9 +305,9 @@ __all__ = [
 _UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
-def parse_when(text: str | None, now: datetime, *, field: str) -> datetime | None:
+def parse_when(text: str | None, now: datetime) -> datetime | None:
     """``"7d"``, ``"24h"``, ``"30m"``, ``"2w"`` (that long before ``now``), an ISO date or
-    date-time (UTC unless it says), or empty (None). Raises ``ValueError`` naming ``field``."""
+    date-time (UTC unless it says), or empty (None). Raises ``ValueError`` saying why."""
     from django.utils.dateparse import parse_date, parse_datetime
     from django.utils.timezone import make_aware
 
@@ -327,7 +327,7 @@ def parse_when(text: str | None, now: datetime, *, field: str) -> datetime | Non
         moment = None
     if moment is None:
         raise ValueError(
-            f"{field}: {text!r} is not a date (2026-11-01), a date-time (2026-11-01T08:00) or "
+            f"{text!r} is not a date (2026-11-01), a date-time (2026-11-01T08:00) or "
             "a span back from now (30m, 24h, 7d, 2w)"
         )
     if moment.tzinfo is None:
@@ -403,7 +403,7 @@ def usage_figure(rows: list[dict[str, Any]], by: str) -> dict[str, Any]:
             "xaxis": {"title": {"text": by}, "type": "category"},
             "yaxis": {"title": {"text": "hours"}},
             "yaxis2": {"title": {"text": "mean wait (h)"}, "overlaying": "y", "side": "right"},
-            "legend": {"orientation": "h"},
-            "margin": {"t": 30},
+            "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
+            "margin": {"t": 50},
         },
     }

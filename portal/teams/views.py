@@ -60,11 +60,11 @@ def _report(user: Any, params: Any) -> dict[str, Any]:
         errors["by"] = [f"must be one of {', '.join(BY_CHOICES)}, got {by!r}"]
     since = until = None
     try:
-        since = parse_when(params.get("since") or DEFAULT_SINCE, now, field="since")
+        since = parse_when(params.get("since") or DEFAULT_SINCE, now)
     except ValueError as exc:
         errors["since"] = [str(exc)]
     try:
-        until = parse_when(params.get("until"), now, field="until")
+        until = parse_when(params.get("until"), now)
     except ValueError as exc:
         errors["until"] = [str(exc)]
     if since and until and until <= since:

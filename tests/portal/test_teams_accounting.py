@@ -202,4 +202,7 @@ def test_cosched_usage_against_a_live_server(live_server, history, alice):
     rows = list(csv.DictReader(io.StringIO(as_csv.out)))
     assert {r["user"] for r in rows} == {"alice", "bob"}
     bad = run_cli("usage", "--since", "soon", url=live_server.url, token=key)
-    assert bad.code == 2 and "since" in bad.err
+    assert bad.code == 2
+    assert "the server rejected the options:\n  since: 'soon' is not a date" in bad.err
+    status = run_cli("status", str(history["a1"].pk), url=live_server.url, token=key)
+    assert re.search(r"^project\s+lab$", status.out, re.M), status.out
