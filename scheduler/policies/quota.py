@@ -181,10 +181,15 @@ class QuotaPolicy(Policy):
 
         refused: dict[str, str] = {}
         plan = Plan()
+        base_actions: tuple[Action, ...] = ()
         admitted: list[Decision] = []
         for round_no in range(int(self.params["max_rounds"])):
             queue = tuple(j for j in ordered if j.id not in refused)
             plan = self.base.schedule(replace(state, pending=queue), rng)
+            if round_no == 0:
+                # Actions on running jobs come from the first run (later runs see the same
+                # running jobs: passing theirs on too would repeat them).
+                base_actions = plan.actions
             book.used = Counter(held)
             admitted = []
             newly = False
@@ -229,7 +234,7 @@ class QuotaPolicy(Policy):
                 reason += f" (project {job.project} is past its guarantee: it would borrow)"
             waiting[job.id] = reason
 
-        actions = list(plan.actions)
+        actions = list(base_actions)
         if self.params["reclaim"]:
             actions += self._reclaim(state, ordered, first_tier, placed, admitted, book, waiting)
         return Plan(decisions=tuple(admitted), actions=tuple(actions), waiting=waiting)

@@ -218,3 +218,38 @@ def test_bad_parameters_are_refused():
         build_policy("quota", {"base": "nope"})
     with pytest.raises(PolicyError):
         build_policy("quota", {"max_rounds": 0})
+
+
+def test_actions_of_a_wrapped_execution_plan_are_passed_on_once():
+    # A refusal makes the wrapper run exec_plan again: its pauses are passed on once.
+    from scheduler.domain import MemoryStep, Profile
+
+    growing = Profile(
+        "grow",
+        gpu_time_s={"V100": 100.0},
+        memory_steps=(MemoryStep(0.0, 1000.0, 2000.0), MemoryStep(0.5, 2000.0, 15000.0)),
+    )
+    a = JobSpec(id="a", gpus=1, profile=growing, project="alpha", owner="u")
+    b = JobSpec(id="b", gpus=1, profile=growing, project="alpha", owner="u")
+    shared = Placement("a", "n1", (0,), mode=SharingMode.TIME_SLICING)
+    running = [
+        RunningJob(a, shared, started_s=0.0, progress=0.45),
+        RunningJob(b, replace(shared, job_id="b"), started_s=0.0, progress=0.45),
+    ]
+    state = _cluster([_job("p0", "alpha"), _job("p1", "alpha")], quotas=())
+    busy = replace(
+        state.nodes[0].gpus[0],
+        job_ids=("a", "b"),
+        mode=SharingMode.TIME_SLICING,
+        committed_memory_mb=4000.0,
+    )
+    nodes = (replace(state.nodes[0], gpus=(busy, state.nodes[0].gpus[1])), state.nodes[1])
+    quotas = (ProjectQuota("alpha", "V100", guaranteed=0, borrow_limit=1),)
+    state = replace(state, nodes=nodes, running=tuple(running), accounts=Accounts(quotas=quotas))
+    base = build_policy("all_gpu+exec_plan", {})
+    alone = base.schedule(state, random.Random(0))
+    assert alone.actions and {a.kind for a in alone.actions} == {ActionKind.PAUSE}
+    wrapped = build_policy("quota", {"base": "all_gpu+exec_plan"})
+    plan = wrapped.schedule(state, random.Random(0))
+    assert "quota" in plan.waiting["p0"]  # refused: the base ran again
+    assert [(a.kind, a.job_id) for a in plan.actions] == [(a.kind, a.job_id) for a in alone.actions]
