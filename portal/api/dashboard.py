@@ -467,7 +467,7 @@ def gpu_series(request: Request, pk: int) -> Response:
 
 
 @extend_schema(
-    summary="One job's live Slow-Down and progress over time (owner or staff)",
+    summary="One job's live Slow-Down and progress over time (owner, project members or staff)",
     parameters=[
         OpenApiParameter(
             "metric",
@@ -544,7 +544,7 @@ def job_log_path(job_id: int) -> Path:
 
 
 @extend_schema(
-    summary="The tail of a job's log (owner or staff)",
+    summary="The tail of a job's log (owner, project members or staff)",
     description=(
         "The last 16 KB of the job's stdout and stderr: as last pushed by the node agent, or "
         "read from the job's log file when this host has it."

@@ -266,16 +266,24 @@ class QuotaPolicy(Policy):
         book: QuotaBook,
         waiting: dict[str, str],
     ) -> list[Action]:
-        """REQUEUE borrowed jobs for first-tier jobs still queued (see the module docstring)."""
+        """REQUEUE borrowed jobs for first-tier jobs still queued (see the module docstring).
+
+        A multi-GPU job that fits on one node (some node has that many GPUs of the model) gets
+        them on one node: the node needing the fewest requeues (then the one whose borrowed jobs
+        started last); otherwise, and for one-GPU jobs, GPUs anywhere, newest borrowed first."""
         model_of = _model_of(state)
-        idle: Counter[str] = Counter()
         taken = {k for d in admitted for k in d.placement.gpu_keys}
+        idle: Counter[str] = Counter()
+        idle_on: Counter[tuple[str, str]] = Counter()  # (node, model)
+        size_on: Counter[tuple[str, str]] = Counter()
         for node in state.nodes:
             if not node.up:
                 continue
             for g in node.gpus:
+                size_on[(node.name, g.spec.model)] += 1
                 if g.idle and g.key not in taken:
                     idle[g.spec.model] += 1
+                    idle_on[(node.name, g.spec.model)] += 1
         # Running jobs that hold GPUs of each model, newest first.
         on_model: dict[str, list[RunningJob]] = defaultdict(list)
         for r in sorted(state.running, key=lambda r: (-r.started_s, _id_key(r.job.id))):
@@ -301,37 +309,64 @@ class QuotaPolicy(Policy):
             if not owed:
                 continue
             model = owed[0][1]
-            if idle[model] >= job.gpus:
-                idle[model] -= job.gpus  # room is there: the base policy had another reason
-                book.used[(project, model)] += job.gpus
-                continue
-            need = job.gpus - idle[model]
+            nodes = [
+                n
+                for (n, m), size in size_on.items()
+                if m == model and size >= job.gpus and job.gpus > 1
+            ]
             victims: list[RunningJob] = []
             freed = 0
-            for r in on_model[model]:
-                if freed >= need:
-                    break
-                lender = r.job.project
-                assert lender is not None
-                key = (lender, model)
-                if r.job.id in requeued or lender == project:
+            where = ""
+            if nodes:  # it waits for one node: free the GPUs there
+                roomy = next((n for n in nodes if idle_on[(n, model)] >= job.gpus), None)
+                if roomy is not None:  # room is there: the base policy had another reason
+                    idle_on[(roomy, model)] -= job.gpus
+                    idle[model] -= job.gpus
+                    book.used[(project, model)] += job.gpus
                     continue
-                if book.used[key] <= book.guaranteed(key):
-                    continue  # within its own guarantee: not borrowed
-                n = _models_of(r.placement.gpu_keys, model_of)[model]
-                victims.append(r)
-                requeued.add(r.job.id)
-                book.used[key] -= n
-                freed += n
+                # Fewest requeues; among equals, the node whose victims started last.
+                best: tuple[tuple[int, float], str, list[RunningJob], int] | None = None
+                for n in nodes:
+                    need = job.gpus - idle_on[(n, model)]
+                    picked, got = self._victims(
+                        on_model[model], model, need, book, requeued, project, model_of, n
+                    )
+                    if got < need or not picked:
+                        continue
+                    rank = (len(picked), -max(r.started_s for r in picked))
+                    if best is None or rank < best[0]:
+                        best = (rank, n, picked, got)
+                if best is not None:
+                    _, where, victims, freed = best
+                    idle_on[(where, model)] = idle_on[(where, model)] + freed - job.gpus
+                    where = f" on {where}"
+            if not victims and not nodes:
+                if idle[model] >= job.gpus:
+                    idle[model] -= job.gpus
+                    book.used[(project, model)] += job.gpus
+                    continue
+                victims, freed = self._victims(
+                    on_model[model],
+                    model,
+                    job.gpus - idle[model],
+                    book,
+                    requeued,
+                    project,
+                    model_of,
+                )
             if not victims:
                 continue
+            for r in victims:
+                requeued.add(r.job.id)
+                lender = (r.job.project or "", model)
+                book.used[lender] -= _models_of(r.placement.gpu_keys, model_of)[model]
             idle[model] = max(0, idle[model] + freed - job.gpus)
             book.used[(project, model)] += job.gpus
             lenders = sorted({r.job.project or "" for r in victims})
             ids = ", ".join(r.job.id for r in victims)
             waiting[job.id] = (
-                f"waiting for its guaranteed {model}: reclaiming {freed} {model} borrowed by "
-                f"project {', '.join(lenders)} (jobs {ids})"
+                f"waiting for its guaranteed {model}: reclaiming {freed} {model}{where} borrowed "
+                f"by project {', '.join(lenders)} (jobs {ids})"
             )
             for r in victims:
                 actions.append(
@@ -344,6 +379,41 @@ class QuotaPolicy(Policy):
                     )
                 )
         return actions
+
+    @staticmethod
+    def _victims(
+        candidates: list[RunningJob],
+        model: str,
+        need: int,
+        book: QuotaBook,
+        requeued: set[str],
+        project: str,
+        model_of: Mapping[tuple[str, int], str],
+        node: str | None = None,
+    ) -> tuple[list[RunningJob], int]:
+        """Borrowed jobs (newest first) whose requeue frees ``need`` GPUs of ``model`` (on
+        ``node`` only, if given), and how many they free; fewer when there are not enough. A
+        lender keeps its guarantee: only its jobs beyond it are taken."""
+        taken: Counter[Key] = Counter()
+        chosen: list[RunningJob] = []
+        freed = 0
+        for r in candidates:
+            if freed >= need:
+                break
+            lender = r.job.project or ""
+            key = (lender, model)
+            if r.job.id in requeued or lender == project:
+                continue
+            if book.used[key] - taken[key] <= book.guaranteed(key):
+                continue  # within its own guarantee: not borrowed
+            on_model = [k for k in r.placement.gpu_keys if model_of.get(k) == model]
+            here = len(on_model) if node is None else sum(1 for k in on_model if k[0] == node)
+            if here == 0:
+                continue
+            chosen.append(r)
+            taken[key] += len(on_model)
+            freed += here
+        return chosen, freed
 
 
 def _id_key(job_id: str) -> tuple[int, int | str]:

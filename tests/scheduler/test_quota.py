@@ -253,3 +253,23 @@ def test_actions_of_a_wrapped_execution_plan_are_passed_on_once():
     plan = wrapped.schedule(state, random.Random(0))
     assert "quota" in plan.waiting["p0"]  # refused: the base ran again
     assert [(a.kind, a.job_id) for a in plan.actions] == [(a.kind, a.job_id) for a in alone.actions]
+
+
+def test_a_two_gpu_job_reclaims_both_gpus_on_one_node():
+    # alpha borrowed 3 GPUs (guarantee 1): a0 on n1 (oldest), a1 on n1, a2 on n2, a3 on n2
+    # (newest). beta (guarantee 2) asks for 2 GPUs on one node: newest first across nodes would
+    # free n2/1 and n1/1, two GPUs on different nodes; it frees both GPUs of n2 instead.
+    quotas = (
+        ProjectQuota("alpha", "V100", guaranteed=1, borrow_limit=3),
+        ProjectQuota("beta", "V100", guaranteed=2, borrow_limit=0),
+    )
+    running = [
+        _running(_job("a0", "alpha"), "n1", 0, started=10.0),
+        _running(_job("a2", "alpha"), "n2", 0, started=20.0),
+        _running(_job("a1", "alpha"), "n1", 1, started=30.0),
+        _running(_job("a3", "alpha"), "n2", 1, started=40.0),
+    ]
+    state = _cluster([_job("b", "beta", gpus=2)], running, quotas=quotas)
+    plan = build_policy("quota", {}).schedule(state, random.Random(0))
+    assert sorted(a.job_id for a in plan.actions) == ["a2", "a3"]
+    assert "reclaiming 2 V100 on n2 borrowed by project alpha" in plan.waiting["b"]
