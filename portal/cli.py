@@ -617,6 +617,36 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
     return EXIT_OK
 
 
+def cmd_projects(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    _, rows = client.request("GET", "/api/v1/projects/")
+    if args.json:
+        _emit_json(rows, out)
+        return EXIT_OK
+    if not rows:
+        out.write("No projects yet: your first job creates your personal project.\n")
+        return EXIT_OK
+    table = []
+    for row in rows:
+        quotas = ", ".join(
+            f"{q['gpu_model']} {q['in_use_gpus']}/{q['guaranteed_gpus']}"
+            f"+{'any' if q['borrow_limit_gpus'] is None else q['borrow_limit_gpus']}"
+            for q in row.get("quotas", [])
+        )
+        table.append(
+            [
+                row["project"] + (" *" if row.get("is_default") else ""),
+                row["role"],
+                quotas or "-",
+                f"{row['my_usage_gpu_hours']:.2f}",
+                f"{row['factor']:.3f}",
+            ]
+        )
+    headers = ["PROJECT", "ROLE", "QUOTAS (IN USE/GUARANTEED+BORROW)", "MY GPU-H", "FAIR SHARE"]
+    out.write(_table(table, headers) + "\n")
+    out.write("* your default project; GPU-hours decayed by the fair-share half-life\n")
+    return EXIT_OK
+
+
 def cmd_usage(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     params: dict[str, Any] = {"since": args.since, "by": args.by}
     if args.until:
@@ -840,6 +870,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="cut waiting reasons to this many characters (0: whole; default 70)",
     )
     p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser(
+        "projects",
+        parents=[common],
+        help="your projects: role, GPU quotas and what they hold now, fair share",
+    )
+    p.set_defaults(func=cmd_projects)
 
     p = sub.add_parser(
         "usage",

@@ -26,6 +26,7 @@ urlpatterns = [
     path("v1/jobs/<int:pk>/series/", dashboard.job_series, name="api-job-series"),
     path("v1/jobs/<int:pk>/log/", dashboard.job_log, name="api-job-log"),
     path("v1/usage/", teams_views.usage, name="api-usage"),
+    path("v1/projects/", teams_views.my_projects, name="api-projects"),
     path("v1/", include(router.urls)),
     path("schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

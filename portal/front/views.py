@@ -26,7 +26,6 @@ from portal.front.forms import JobFilterForm, JobSubmitForm, ProfileFilterForm, 
 from portal.front.models import ApiToken
 from portal.front.services import token_create, token_revoke
 from portal.teams.accounting import fair_share_of
-from portal.teams.models import Membership
 from portal.teams.selectors import can_control_job
 
 JOBS_PER_PAGE = 25
@@ -284,7 +283,6 @@ def _account(request: HttpRequest, form: TokenCreateForm, **extra: object) -> Ht
             "form": form,
             "tokens": request.user.api_tokens.all(),
             "fair_share": fair_share_of(request.user, timezone.now()),
-            "memberships": Membership.objects.filter(user=request.user).select_related("project"),
             "half_life_days": settings.COSCHED["FAIRSHARE_HALF_LIFE_S"] / 86400,
             **extra,
         },

@@ -258,28 +258,59 @@ def accounts_snapshot(now: datetime) -> Accounts:
 
 
 def fair_share_of(user: Any, now: datetime) -> list[dict[str, Any]]:
-    """Per project of ``user``: their decayed usage, the project's, and the fair-share factor
-    the scheduler orders their next job by (for the account page)."""
-    from portal.teams.services import projects_of
+    """Per project of ``user``: their role, its quotas with the GPUs its jobs hold now, their
+    decayed usage, the project's, and their fair-share factor as of now (the account page and
+    ``GET /api/v1/projects/``). GPU-hours are decayed GPU-seconds / 3600."""
+    from portal.core.models import Gpu
+    from portal.teams.models import Membership
     from scheduler.fairshare import fair_share_factors
 
+    memberships = list(
+        Membership.objects.filter(user=user)
+        .select_related("project")
+        .prefetch_related("project__quotas")
+        .order_by("project__name")
+    )
+    names = [m.project.name for m in memberships]
+    held: dict[tuple[str, str], int] = defaultdict(int)
+    for project, model, n in (
+        Gpu.objects.filter(placements__active=True, placements__job__project__name__in=names)
+        .values_list("placements__job__project__name", "model")
+        .annotate(n=Count("id"))
+    ):
+        held[(project, _model_key(model))] += n
     accounts = accounts_snapshot(now)
-    mine = list(projects_of(user))
-    extra = [(p.name, str(user.pk)) for p in mine]
+    # The pairs the scheduler would see (usage or a queued job), and the user's own.
     usage = dict(accounts.usage)
-    for key in extra:
-        usage.setdefault(key, 0.0)
+    queued = Job.objects.filter(state="PENDING").values_list("project__name", "owner_id")
+    for name, owner_id in queued.distinct():
+        usage.setdefault((name or "", str(owner_id)), 0.0)
+    for name in names:
+        usage.setdefault((name, str(user.pk)), 0.0)
     factors = fair_share_factors(Accounts(usage=usage, shares=accounts.shares))
     out = []
-    for project in mine:
-        key = (project.name, str(user.pk))
+    for m in memberships:
+        name = m.project.name
+        key = (name, str(user.pk))
+        quotas = [
+            {
+                "gpu_model": _model_key(q.gpu_model),
+                "guaranteed_gpus": q.guaranteed_gpus,
+                "borrow_limit_gpus": q.borrow_limit_gpus,
+                "in_use_gpus": held.get((name, _model_key(q.gpu_model)), 0),
+            }
+            for q in m.project.quotas.all()
+        ]
         out.append(
             {
-                "project": project.name,
+                "project": name,
+                "role": m.role,
+                "is_default": m.is_default,
+                "personal": m.project.personal_of_id == user.pk,
+                "shares": m.project.shares,
+                "quotas": quotas,
                 "my_usage_gpu_hours": usage.get(key, 0.0) / 3600.0,
-                "project_usage_gpu_hours": sum(
-                    v for (p, _u), v in usage.items() if p == project.name
-                )
+                "project_usage_gpu_hours": sum(v for (p, _u), v in usage.items() if p == name)
                 / 3600.0,
                 "factor": factors.get(key, 1.0),
             }

@@ -25,6 +25,7 @@ from rest_framework.settings import api_settings
 from portal.core.selectors import jobs_visible_to
 from portal.teams.accounting import (
     BY_CHOICES,
+    fair_share_of,
     parse_when,
     usage_csv,
     usage_figure,
@@ -169,3 +170,32 @@ def usage_page(request: HttpRequest) -> HttpResponse:
             "by_choices": BY_CHOICES,
         },
     )
+
+
+class ProjectQuotaSerializer(serializers.Serializer):
+    gpu_model = serializers.CharField()
+    guaranteed_gpus = serializers.IntegerField()
+    borrow_limit_gpus = serializers.IntegerField(allow_null=True, help_text="null: no limit")
+    in_use_gpus = serializers.IntegerField(help_text="GPUs of this model its jobs hold now")
+
+
+class MyProjectSerializer(serializers.Serializer):
+    project = serializers.CharField()
+    role = serializers.ChoiceField(choices=["member", "manager"])
+    is_default = serializers.BooleanField(help_text="your jobs go here unless you name another")
+    personal = serializers.BooleanField()
+    shares = serializers.FloatField()
+    quotas = ProjectQuotaSerializer(many=True)
+    my_usage_gpu_hours = serializers.FloatField(help_text="your decayed usage in it")
+    project_usage_gpu_hours = serializers.FloatField(help_text="its decayed usage")
+    factor = serializers.FloatField(help_text="your fair-share factor in it, 0..1")
+
+
+@extend_schema(
+    summary="Your projects: role, quotas and what they hold now, fair share",
+    responses={200: MyProjectSerializer(many=True)},
+)
+@api_view(["GET"])
+def my_projects(request: Request) -> Response:
+    rows = fair_share_of(request.user, timezone.now())
+    return Response(MyProjectSerializer(rows, many=True).data)

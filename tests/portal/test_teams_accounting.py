@@ -204,5 +204,36 @@ def test_cosched_usage_against_a_live_server(live_server, history, alice):
     bad = run_cli("usage", "--since", "soon", url=live_server.url, token=key)
     assert bad.code == 2
     assert "the server rejected the options:\n  since: 'soon' is not a date" in bad.err
+    projects = run_cli("projects", url=live_server.url, token=key)
+    assert projects.code == 0, projects.err
+    assert re.search(r"^lab\s+member\s+-\s+3\.\d\d\s+0\.\d{3}$", projects.out, re.M), projects.out
     status = run_cli("status", str(history["a1"].pk), url=live_server.url, token=key)
     assert re.search(r"^project\s+lab$", status.out, re.M), status.out
+
+
+def test_my_projects_lists_role_quotas_in_use_and_fair_share(history, alice, bob):
+    from portal.teams.models import ProjectQuota
+
+    lab = history["lab"]
+    ProjectQuota.objects.create(
+        project=lab, gpu_model="V100", guaranteed_gpus=1, borrow_limit_gpus=None
+    )
+    # b2 (lab) now holds one V100
+    p = Placement.objects.create(job=history["b2"], node=Node.objects.get(name="v"), policy="t")
+    p.gpus.set([Gpu.objects.get(node__name="v", index=0)])
+    api = APIClient()
+    api.force_authenticate(alice)
+    rows = {r["project"]: r for r in api.get("/api/v1/projects/").json()}
+    assert set(rows) == {"lab"}  # alice has no personal project: all her jobs went to lab
+    lab_row = rows["lab"]
+    assert lab_row["role"] == "member" and lab_row["is_default"] is False
+    assert lab_row["quotas"] == [
+        {"gpu_model": "V100", "guaranteed_gpus": 1, "borrow_limit_gpus": None, "in_use_gpus": 1}
+    ]
+    # alice used 2 V100-hours 4-5 hours ago and 1.33 TitanXp-hours lately: barely decayed
+    assert 3.0 < lab_row["my_usage_gpu_hours"] <= 3.34
+    api.force_authenticate(bob)
+    bob_rows = {r["project"]: r for r in api.get("/api/v1/projects/").json()}
+    assert set(bob_rows) == {"lab", "bob"} and bob_rows["bob"]["personal"] is True
+    # bob used nothing on GPUs: in lab he has the larger factor of the two
+    assert bob_rows["lab"]["factor"] > lab_row["factor"]
