@@ -17,7 +17,8 @@ and no borrowing limit, so a cluster without quotas behaves as the wrapped polic
    decision is refused the wrapped policy runs again without the refused jobs (at most
    ``max_rounds`` rounds), so the GPUs they would have taken go to others in the same cycle.
 3. **Reclaim.** A first-tier job still queued whose project is below its guarantee on a model
-   with too few idle GPUs gets them back: running jobs of projects above their own guarantee on
+   it can run on (enough memory; a profiled model if its profile names some) with too few idle
+   GPUs gets them back: running jobs of projects above their own guarantee on
    that model (borrowed GPUs) are requeued, newest first, until enough are freed (REQUEUE
    actions; the live loop stops them and they queue again, now in the second tier). The job
    waits with "reclaiming N V100 borrowed by project Y (jobs 7, 9)" meanwhile.
@@ -276,11 +277,13 @@ class QuotaPolicy(Policy):
         idle: Counter[str] = Counter()
         idle_on: Counter[tuple[str, str]] = Counter()  # (node, model)
         size_on: Counter[tuple[str, str]] = Counter()
+        memory_of: dict[str, float] = {}  # largest GPU memory of each model (MB)
         for node in state.nodes:
             if not node.up:
                 continue
             for g in node.gpus:
                 size_on[(node.name, g.spec.model)] += 1
+                memory_of[g.spec.model] = max(memory_of.get(g.spec.model, 0.0), g.spec.memory_mb)
                 if g.idle and g.key not in taken:
                     idle[g.spec.model] += 1
                     idle_on[(node.name, g.spec.model)] += 1
@@ -298,11 +301,17 @@ class QuotaPolicy(Policy):
                 continue
             project = job.project
             # The model where the project is owed the most (and is owed enough for this job).
+            # Only models the job can run on: requeuing others' jobs for a job that would not
+            # fit anyway would requeue them again every other cycle.
+            profiled = {m for m, t in (job.profile.gpu_time_s if job.profile else {}).items() if t}
             owed = sorted(
                 (
                     (book.guaranteed(key) - book.used[key], key[1])
                     for key in book.quotas
-                    if key[0] == project and book.guaranteed(key) - book.used[key] >= job.gpus
+                    if key[0] == project
+                    and book.guaranteed(key) - book.used[key] >= job.gpus
+                    and job.memory_need_mb() <= memory_of.get(key[1], 0.0)
+                    and (not profiled or key[1] in profiled)
                 ),
                 key=lambda t: (-t[0], t[1]),
             )

@@ -273,3 +273,15 @@ def test_a_two_gpu_job_reclaims_both_gpus_on_one_node():
     plan = build_policy("quota", {}).schedule(state, random.Random(0))
     assert sorted(a.job_id for a in plan.actions) == ["a2", "a3"]
     assert "reclaiming 2 V100 on n2 borrowed by project alpha" in plan.waiting["b"]
+
+
+def test_no_reclaim_for_a_job_that_could_not_use_the_gpus():
+    running = [
+        _running(_job(f"a{i}", "alpha"), f"n{1 + i // 2}", i % 2, 10.0 * i) for i in range(4)
+    ]
+    too_big = JobSpec(id="b", gpus=1, gpu_memory_mb=64_000.0, project="beta", owner="u")
+    plan = build_policy("quota", {}).schedule(_cluster([too_big], running), random.Random(0))
+    assert plan.actions == ()
+    fits = _job("b", "beta")
+    plan = build_policy("quota", {}).schedule(_cluster([fits], running), random.Random(0))
+    assert [a.job_id for a in plan.actions] == ["a3"]
