@@ -246,7 +246,7 @@ class Job(models.Model):
     # Every job belongs to one project (docs/projects.md); filled with the owner's default
     # project on save when the writer names none.
     project = models.ForeignKey(
-        "teams.Project", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
+        "teams.Project", null=True, blank=True, on_delete=models.RESTRICT, related_name="jobs"
     )
     command = models.TextField(blank=True)
     container_image = models.CharField(max_length=300, blank=True)

@@ -164,3 +164,14 @@ def test_admin_manages_projects_members_and_quotas(client, staff, alice, lab):
     ProjectQuota(project=lab, gpu_model="Quadro-X", guaranteed_gpus=1).full_clean()
     with pytest.raises(Exception, match="unknown GPU model 'H900'"):
         ProjectQuota(project=lab, gpu_model="H900", guaranteed_gpus=1).full_clean()
+
+
+def test_deleting_a_user_deletes_their_jobs_and_personal_project(alice, bob, lab):
+    job_submit(alice, **JOB)  # alice's personal project
+    job_submit(alice, project="lab", **JOB)
+    kept = job_submit(bob, project="lab", **JOB)[0]
+    alice.delete()
+    assert not Project.objects.filter(name="alice").exists()
+    assert list(Job.objects.all()) == [kept]
+    with pytest.raises(Exception, match="restricted|protected|referenced"):
+        lab.delete()  # it still has bob's job
