@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "portal.front",
     "portal.ml",
     "portal.replay",
+    "portal.teams",
 ]
 
 MIDDLEWARE = [
@@ -228,6 +229,10 @@ COSCHED = {
     # address in one of these networks (comma-separated addresses or CIDRs; loopback default).
     "METRICS_TOKEN": envstr("COSCHED_METRICS_TOKEN"),
     "METRICS_ALLOWED_NETWORKS": envlist("COSCHED_METRICS_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128"),
+    # Fair share (docs/projects.md): past usage counts half after this many seconds; CPU-only
+    # jobs count their core-seconds times FAIRSHARE_CPU_WEIGHT (GPU-seconds count 1).
+    "FAIRSHARE_HALF_LIFE_S": envfloat("COSCHED_FAIRSHARE_HALF_LIFE_S", 7 * 24 * 3600.0),
+    "FAIRSHARE_CPU_WEIGHT": envfloat("COSCHED_FAIRSHARE_CPU_WEIGHT", 0.0),
 }
 for _net in COSCHED["METRICS_ALLOWED_NETWORKS"]:  # a typo fails at start-up, not per scrape
     try:

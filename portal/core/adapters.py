@@ -112,6 +112,7 @@ def job_to_domain(job: Job, *, epoch: Any = None) -> JobSpec:
         elastic_max=job.elastic_max_workers,
         params=dict(job.params or {}),
         time_limit_s=None if job.time_limit_s is None else float(job.time_limit_s),
+        project=job.project.name if job.project_id is not None and job.project else None,
     )
 
 

@@ -38,6 +38,7 @@ POLICIES: dict[str, str] = {
     "sharing_chain": "scheduler.policies.sharing_chain:SharingChainPolicy",
     "hetero_srtf": "scheduler.policies.hetero_srtf:HeteroSrtfPolicy",
     "slowdown_dr": "scheduler.policies.slowdown_dr:SlowdownDrPolicy",
+    "quota": "scheduler.policies.quota:QuotaPolicy",
     # Later: "elastic".
 }
 
