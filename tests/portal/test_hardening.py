@@ -249,3 +249,13 @@ def test_django_full_password_rules(alice, password, message):
     with pytest.raises(ValidationError) as caught:
         validate_password(password, alice)
     assert any(message in m for m in caught.value.messages)
+
+
+def test_an_import_body_that_is_not_json_gets_the_import_error_shape(staff_api):
+    # Found by the schemathesis run: bytes that are not UTF-8 under a JSON content type.
+    response = staff_api.generic("POST", IMPORT, b"\xb5\x16WP", "application/json")
+    assert response.status_code == 400
+    body = response.json()
+    assert body["detail"].startswith("nothing imported")
+    assert [e["field"] for e in body["errors"]] == ["body"]
+    assert "JSON parse error" in body["errors"][0]["message"]
