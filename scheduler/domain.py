@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scheduler.elastic import ElasticState
 
 #: Speed of a multi-GPU job spread over several nodes relative to the same job on one node,
 #: for profiles without a measured unconsolidated time: 0.74, the median of the 165 ratios
@@ -190,6 +193,11 @@ class JobSpec:
     elastic_min: int | None = None
     elastic_max: int | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    # Elastic training (ALGORITHMS.md §6): the utility (a deadline in seconds after the start,
+    # or what an hour sooner is worth) and the largest global batch the job accepts.
+    elastic_deadline_s: float | None = None
+    elastic_value_per_hour: float | None = None
+    max_global_batch: int | None = None
 
     def memory_need_mb(self) -> float:
         """GPU memory per GPU this job needs: asked, else profiled max, else 0."""
@@ -326,6 +334,8 @@ class RunningJob:
     started_s: float
     progress: float = 0.0  # 0..1 of its work, if known
     paused: bool = False
+    # An elastic job's autoscaling memory (measured throughputs, straggler averages), if any.
+    elastic: ElasticState | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,6 +370,7 @@ class ActionKind(StrEnum):
     REQUEUE = "requeue"
     SET_DATA_RATIO = "set_data_ratio"
     SET_WORKERS = "set_workers"
+    REPLACE_WORKERS = "replace_workers"  # value: the straggling ranks (elastic, §6)
 
 
 @dataclass(frozen=True, slots=True)

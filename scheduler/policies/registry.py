@@ -36,7 +36,8 @@ POLICIES: dict[str, str] = {
     "warped_slicer": "scheduler.policies.kscheduler:WarpedSlicerPolicy",
     "sharing_pipeline": "scheduler.policies.sharing_chain:SharingPipelinePolicy",
     "sharing_chain": "scheduler.policies.sharing_chain:SharingChainPolicy",
-    # Later: "slowdown_dr", "elastic".
+    "elastic": "scheduler.policies.elastic:ElasticPolicy",
+    # Later: "slowdown_dr".
 }
 
 #: ``<name>+exec_plan`` works for any registered placement policy ``name`` (the execution plan
