@@ -210,6 +210,7 @@ class ElasticDecision:
     efficiency: float | None = None
     ranks: tuple[int, ...] = ()  # REPLACE: the straggling ranks
     local_batch: int | None = None
+    converged: bool = False  # HOLD because the search has settled (not still measuring)
 
 
 def elastic_job_of(spec: JobSpec) -> ElasticJob | None:
@@ -413,7 +414,12 @@ def decide(state: ElasticState, job: ElasticJob, cfg: ElasticConfig) -> ElasticD
     if down is not None:
         s_now = step_verdict(job, cfg, state, down, w)[1]
     return ElasticDecision(
-        DecisionKind.HOLD, w, f"converged at {w} workers: {up_why}", s_now, local_batch=batch
+        DecisionKind.HOLD,
+        w,
+        f"converged at {w} workers: {up_why}",
+        s_now,
+        local_batch=batch,
+        converged=True,
     )
 
 
