@@ -465,3 +465,40 @@ def replaced(state: ElasticState, ranks: Sequence[int], note: str = "") -> Elast
 def begin_transition(state: ElasticState) -> ElasticState:
     """Mark a change or replacement under way (no new decision until it lands)."""
     return replace(state, in_transition=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Storage (the live system keeps the state as JSON on the job row)
+
+
+def state_to_dict(state: ElasticState) -> dict[str, Any]:
+    """``state`` as plain JSON-able values (``state_from_dict`` reads it back)."""
+    return {
+        "workers": state.workers,
+        "measured": [[m.workers, m.throughput, m.windows] for m in state.measured],
+        "batches_at_count": state.batches_at_count,
+        "windows_skipped": state.windows_skipped,
+        "straggler_ewma": list(state.straggler_ewma),
+        "remaining_steps": state.remaining_steps,
+        "elapsed_s": state.elapsed_s,
+        "in_transition": state.in_transition,
+    }
+
+
+def state_from_dict(data: Mapping[str, Any] | None) -> ElasticState | None:
+    """The state stored by ``state_to_dict`` (None for an empty or malformed mapping)."""
+    if not data:
+        return None
+    try:
+        return ElasticState(
+            workers=int(data["workers"]),
+            measured=tuple(Measured(int(w), float(r), int(n)) for w, r, n in data["measured"]),
+            batches_at_count=int(data.get("batches_at_count", 0)),
+            windows_skipped=int(data.get("windows_skipped", 0)),
+            straggler_ewma=tuple(float(e) for e in data.get("straggler_ewma", ())),
+            remaining_steps=float(data.get("remaining_steps", 0.0)),
+            elapsed_s=float(data.get("elapsed_s", 0.0)),
+            in_transition=bool(data.get("in_transition", False)),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None

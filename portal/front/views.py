@@ -142,6 +142,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "placement": next((p for p in placements if p.active), None),
             "past_placements": [p for p in placements if not p.active],
             "attempts": selectors.job_attempts(job),
+            "elastic_changes": list(job.elastic_changes.all()),
             "can_cancel": not job.is_terminal,
             "admin_url": _admin_url("core_job_change", job.pk) if request.user.is_staff else None,
         },

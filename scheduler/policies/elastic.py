@@ -8,10 +8,10 @@ engine in ``scheduler.elastic`` decides, with a reason quoting the measured scal
 
 - ``REPLACE_WORKERS`` (value: the ranks) for persistent stragglers: throughput / median < 0.8
   on an EWMA, replaced by a warmed-up spare;
-- ``SET_WORKERS`` (value: ``{"workers", "efficiency", "local_batch"}``) to probe K more or fewer
-  workers, scale up while S > threshold (and, with a utility, marginal utility > marginal
-  cost), or fall back to the best point seen. A step up is only proposed when enough idle
-  GPUs of the job's model exist (left after this cycle's placements).
+- ``SET_WORKERS`` (value: ``{"workers_from", "workers", "efficiency", "local_batch"}``) to
+  probe K more or fewer workers, scale up while S > threshold (and, with a utility, marginal
+  utility > marginal cost), or fall back to the best point seen. A step up is only proposed
+  when enough idle GPUs of the job's model exist (left after this cycle's placements).
 
 Parameters (besides fifo's):
 
@@ -119,6 +119,7 @@ class ElasticPolicy(FifoPolicy):
             self.name,
             decision.explanation,
             value={
+                "workers_from": running.elastic.workers,
                 "workers": decision.workers,
                 "efficiency": decision.efficiency,
                 "local_batch": decision.local_batch,
