@@ -65,3 +65,131 @@ def elastic_change_propose(job_id: int, action: Action, *, actor: str) -> Elasti
 def elastic_changes(job: Job) -> list[ElasticChange]:
     """The job's worker-count changes and replacements, oldest first."""
     return list(job.elastic_changes.all())
+
+
+class ElasticReportError(ValueError):
+    """A window report the engine cannot use; ``errors`` maps each bad field to its reasons."""
+
+    def __init__(self, errors: dict[str, list[str]]) -> None:
+        super().__init__("; ".join(f"{k}: {', '.join(v)}" for k, v in errors.items()))
+        self.errors = errors
+
+
+def _window_errors(
+    workers: Any, batches: Any, seconds: Any, rank_rates: Any, remaining_steps: Any
+) -> dict[str, list[str]]:
+    errors: dict[str, list[str]] = {}
+
+    def number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 4096:
+        errors["workers"] = ["must be a whole number between 1 and 4,096"]
+    if not isinstance(batches, int) or isinstance(batches, bool) or not 1 <= batches <= 10**9:
+        errors["batches"] = ["must be a whole number between 1 and 10^9"]
+    if not number(seconds) or not 0 < seconds < 10**7:
+        errors["seconds"] = ["must be a positive number of seconds"]
+    if not number(remaining_steps) or not 0 <= remaining_steps < 10**15:
+        errors["remaining_steps"] = ["must be a non-negative number"]
+    if not isinstance(rank_rates, list | tuple) or not all(
+        number(r) and 0 <= r < 10**12 for r in rank_rates
+    ):
+        errors["rank_rates"] = ["must be a list of non-negative numbers, one per rank"]
+    elif "workers" not in errors and rank_rates and len(rank_rates) != workers:
+        errors["rank_rates"] = [f"has {len(rank_rates)} entries for {workers} workers"]
+    return errors
+
+
+def elastic_window_report(
+    job: Job,
+    *,
+    workers: int,
+    batches: int,
+    seconds: float,
+    rank_rates: list[float] | tuple[float, ...] = (),
+    remaining_steps: float = 0.0,
+    elapsed_s: float = 0.0,
+    replaced_ranks: list[int] | tuple[int, ...] = (),
+) -> dict[str, Any]:
+    """Fold one statistics window (every 10 mini-batches) of a running elastic job into its
+    engine state, and tell the job what to run with (ALGORITHMS.md §6, issue 17).
+
+    ``workers``: the count the window ran at. A proposed scale change is *applied* when the
+    job reports a window at its new count; a proposed replacement when the job reports the
+    ranks it swapped (``replaced_ranks``). Returns ``{"workers": target count, "replace_ranks":
+    [ranks to swap], "local_batch": ..., "explanation": ...}``: the job changes at its next safe
+    point. Raises ``ElasticReportError`` (per field) for a bad window, or a job that is not
+    elastic or not running.
+    """
+    errors = _window_errors(workers, batches, seconds, list(rank_rates), remaining_steps)
+    spec = engine.elastic_job_of(_spec_of(job))
+    if spec is None:
+        errors.setdefault("job", []).append("is not elastic (no elastic_min/max_workers)")
+    if errors or spec is None:
+        raise ElasticReportError(errors)
+    with transaction.atomic():
+        job = Job.objects.select_for_update().get(pk=job.pk)
+        if job.state != JobState.RUNNING:
+            raise ElasticReportError({"job": [f"is {job.state}, not RUNNING"]})
+        state = engine.state_from_dict(job.elastic_state) or engine.start(
+            spec, workers, remaining_steps
+        )
+        pending = job.elastic_changes.filter(applied=False).order_by("-id").first()
+        if pending is not None:
+            done = (pending.kind == ElasticChange.Kind.SCALE and workers == pending.workers_to) or (
+                pending.kind == ElasticChange.Kind.REPLACE
+                and set(pending.ranks or []) <= {int(r) for r in replaced_ranks}
+            )
+            if done:
+                pending.applied = True
+                pending.save(update_fields=["applied"])
+                if pending.kind == ElasticChange.Kind.SCALE:
+                    state = engine.changed(state, workers)
+                else:
+                    state = engine.replaced(state, pending.ranks or [])
+                pending = None
+        if workers == state.workers:
+            window = engine.Window(
+                workers,
+                batches,
+                float(seconds),
+                tuple(float(r) for r in rank_rates),
+                float(remaining_steps),
+                float(elapsed_s),
+            )
+            state = engine.observe(state, window, _active_config())
+        job.elastic_state = engine.state_to_dict(state)
+        job.save(update_fields=["elastic_state"])
+    if pending is not None and pending.kind == ElasticChange.Kind.SCALE:
+        target, ranks = pending.workers_to, []
+    elif pending is not None:
+        target, ranks = state.workers, list(pending.ranks or [])
+    else:
+        target, ranks = state.workers, []
+    return {
+        "workers": target,
+        "replace_ranks": ranks,
+        "local_batch": engine.local_batch_size(target, spec.local_batch, spec.max_global_batch)
+        or None,
+        "explanation": "" if pending is None else pending.reason,
+    }
+
+
+def _active_config() -> engine.ElasticConfig:
+    """The engine settings of the active policy when it is ``elastic`` (else the defaults);
+    a window only needs the straggler average's weight from them."""
+    from portal.core.models import PolicySettings
+
+    row = PolicySettings.objects.filter(active=True, policy="elastic").first()
+    params = dict(row.params or {}) if row is not None else {}
+    params.pop("scale_step_workers", None)  # 0 means "per node" to the policy
+    try:
+        return engine.ElasticConfig.from_params(params)
+    except (TypeError, ValueError):
+        return engine.ElasticConfig()
+
+
+def _spec_of(job: Job) -> Any:
+    from portal.core.adapters import job_to_domain
+
+    return job_to_domain(job)

@@ -227,3 +227,92 @@ def test_no_proposal_for_a_job_that_is_not_running(alice):
     action = Action(ActionKind.SET_WORKERS, str(job.pk), "elastic", "x", value={"workers": 4})
     assert elastic_change_propose(job.pk, action, actor="scheduler") is None
     assert not ElasticChange.objects.exists()
+
+
+# -- the job's statistics, the cycle's proposals, the job following them -------------------------
+
+
+def report(job: Job, workers: int, rate: float, ranks=None, replaced=()) -> dict:
+    from portal.core.elastic import elastic_window_report
+
+    rates = list(ranks) if ranks is not None else [1.0] * workers
+    return elastic_window_report(
+        job,
+        workers=workers,
+        batches=10,
+        seconds=10 / rate,
+        rank_rates=rates,
+        remaining_steps=1e5,
+        replaced_ranks=replaced,
+    )
+
+
+def test_the_job_grows_while_s_holds_and_stops_when_it_does_not(alice):
+    # R(w): linear to 2 workers, +5 % for the third: S = (21 - 20) / (20 / 2) = 0.1, not > 0.1
+    curve = {1: 10.0, 2: 20.0, 3: 21.0, 4: 21.5}
+    job = running_elastic_job(alice, gpus=1, node_gpus=4)
+    PolicySettings.objects.create(
+        name="e",
+        policy="elastic",
+        params={"scale_step_workers": 1, "scale_interval_batches": 20},
+        active=True,
+    )
+    workers, seen = 1, [1]
+    for _ in range(40):
+        for _ in range(3):
+            reply = report(job, workers, curve[workers])
+        run_cycle()
+        reply = report(job, workers, curve[workers])
+        if reply["workers"] != workers:
+            workers = reply["workers"]
+            seen.append(workers)
+        if len(seen) >= 4:
+            break
+    assert seen == [1, 2, 3, 2]
+    changes = list(ElasticChange.objects.filter(job=job).order_by("id"))
+    assert [(c.workers_from, c.workers_to) for c in changes] == [(1, 2), (2, 3), (3, 2)]
+    assert "S=0.10 <= threshold 0.1" in changes[-1].reason and "condition 1" in changes[-1].reason
+    # the last change is applied once the job reports at 2 again; then it holds
+    report(job, 2, curve[2])
+    for _ in range(3):
+        report(job, 2, curve[2])
+        run_cycle()
+    assert ElasticChange.objects.filter(job=job).count() == 3
+    assert all(c.applied for c in ElasticChange.objects.filter(job=job))
+
+
+def test_a_slowed_rank_is_replaced(alice):
+    job = running_elastic_job(alice, gpus=2, node_gpus=2)
+    job.elastic_min_workers = job.elastic_max_workers = 2
+    job.save()
+    PolicySettings.objects.create(name="e", policy="elastic", params={}, active=True)
+    for _ in range(4):
+        report(job, 2, 10.0, ranks=[1.0, 0.3])
+    run_cycle()
+    reply = report(job, 2, 10.0, ranks=[1.0, 0.3])
+    assert reply["replace_ranks"] == [1] and reply["workers"] == 2
+    change = ElasticChange.objects.get(job=job)
+    assert change.kind == "replace" and "rank 1" in change.reason
+    report(job, 2, 10.0, ranks=[1.0, 1.0], replaced=[1])
+    change.refresh_from_db()
+    assert change.applied
+    job.refresh_from_db()
+    ewma = job.elastic_state["straggler_ewma"]
+    assert ewma[1] == pytest.approx(1.0) and min(ewma) >= 0.8  # the spare starts afresh
+
+
+def test_a_bad_window_names_its_fields(alice):
+    from portal.core.elastic import ElasticReportError, elastic_window_report
+
+    job = running_elastic_job(alice)
+    with pytest.raises(ElasticReportError) as info:
+        elastic_window_report(
+            job, workers=0, batches=10, seconds=-1.0, rank_rates=["x"], remaining_steps=1.0
+        )
+    assert {"workers", "seconds", "rank_rates"} <= set(info.value.errors)
+    job.elastic_state = {}
+    job.save()
+    plain = Job.objects.create(owner=alice, name="plain", command="true")
+    with pytest.raises(ElasticReportError) as info:
+        elastic_window_report(plain, workers=1, batches=10, seconds=1.0)
+    assert "job" in info.value.errors
