@@ -316,3 +316,46 @@ def test_a_bad_window_names_its_fields(alice):
     with pytest.raises(ElasticReportError) as info:
         elastic_window_report(plain, workers=1, batches=10, seconds=1.0)
     assert "job" in info.value.errors
+
+
+def test_the_emulated_job_follows_the_engine_through_the_real_cycle(alice):
+    """workers.emulate_elastic driven by the portal's answers (the SDK's HTTP hop left out):
+    it grows from 1 while S holds, stops, and its slowed rank is replaced."""
+    from portal.core.elastic import elastic_window_report
+    from workers.emulate_elastic import ElasticRun, run
+
+    job = running_elastic_job(alice, gpus=1, node_gpus=4)
+    PolicySettings.objects.create(
+        name="e",
+        policy="elastic",
+        params={"scale_step_workers": 1, "scale_interval_batches": 20},
+        active=True,
+    )
+
+    class PortalClient:
+        calls = 0
+
+        def report_window(self, workers, batches, seconds, rank_rates, remaining, replaced=()):
+            reply = elastic_window_report(
+                job,
+                workers=workers,
+                batches=batches,
+                seconds=seconds,
+                rank_rates=list(rank_rates),
+                remaining_steps=remaining,
+                replaced_ranks=list(replaced),
+            )
+            self.calls += 1
+            if self.calls % 3 == 0:
+                run_cycle()
+            return reply
+
+    curve = {1: 10.0, 2: 20.0, 3: 21.0, 4: 21.5}
+    lines: list[str] = []
+    state = ElasticRun(curve, 3000, 1, warmup_s=1.0, slow_rank=0, slow_after_s=30.0)
+    run(state, PortalClient(), sleep=lambda s: None, emit=lines.append)
+    assert state.changes[:3] == ["1->2", "2->3", "3->2"]
+    assert "replace 0" in state.changes
+    assert lines[-1].startswith("@cosched done")
+    kinds = list(ElasticChange.objects.filter(job=job).values_list("kind", "applied"))
+    assert ("replace", True) in kinds and all(applied for _, applied in kinds)
