@@ -145,6 +145,15 @@ def elastic_window_report(
                 pending.save(update_fields=["applied"])
                 if pending.kind == ElasticChange.Kind.SCALE:
                     state = engine.changed(state, workers)
+                    note = _resize_placement(job, workers)
+                    if note:
+                        JobEvent.objects.create(
+                            job=job,
+                            from_state=job.state,
+                            to_state=job.state,
+                            actor="elastic",
+                            message=f"now {workers} workers: {note}",
+                        )
                 else:
                     state = engine.replaced(state, pending.ranks or [])
                 pending = None
@@ -173,6 +182,50 @@ def elastic_window_report(
         or None,
         "explanation": "" if pending is None else pending.reason,
     }
+
+
+def _resize_placement(job: Job, workers: int) -> str:
+    """Make the job's active placement hold ``workers`` GPUs, so the scheduler sees the GPUs
+    the job now uses as busy: idle GPUs of the same model on the job's nodes are added (its
+    first node first), the last ones released when it shrinks. Returns what was done."""
+    from portal.core.models import Gpu, Placement
+
+    placement = (
+        Placement.objects.select_for_update().filter(job=job, active=True).order_by("-id").first()
+    )
+    if placement is None:
+        return ""
+    held = list(placement.gpus.select_related("node").order_by("node__name", "index"))
+    if not held or workers == len(held):
+        return ""
+    first = next((g for g in held if g.node_id == placement.node_id), held[0])
+    if workers > len(held):
+        parts = list(placement.parts.all())
+        node_ids = [placement.node_id] + [
+            p.node_id for p in parts if p.node_id != placement.node_id
+        ]
+        busy = Gpu.objects.filter(placements__active=True).values_list("pk", flat=True)
+        idle = list(
+            Gpu.objects.select_for_update()
+            .filter(node_id__in=node_ids, model=first.model)
+            .exclude(pk__in=list(busy))
+        )
+        idle.sort(key=lambda g: (node_ids.index(g.node_id), g.index))
+        added = idle[: workers - len(held)]
+        placement.gpus.add(*added)
+        text = "reserved " + ", ".join(f"{g.node.name}/{g.index}" for g in added)
+        if len(added) < workers - len(held):
+            text += f" (only {len(added)} idle GPUs of {workers - len(held)} needed)"
+    else:
+        others = [g for g in held if g.pk != first.pk]  # rank 0's GPU stays
+        released = others[len(others) - (len(held) - workers) :]
+        placement.gpus.remove(*released)
+        text = "released " + ", ".join(f"{g.node.name}/{g.index}" for g in released)
+    now_held = list(placement.gpus.order_by("index"))
+    for part in placement.parts.all():
+        part.gpu_indices = [g.index for g in now_held if g.node_id == part.node_id]
+        part.save(update_fields=["gpu_indices"])
+    return text
 
 
 def _active_config() -> engine.ElasticConfig:

@@ -279,6 +279,13 @@ def test_the_job_grows_while_s_holds_and_stops_when_it_does_not(alice):
         run_cycle()
     assert ElasticChange.objects.filter(job=job).count() == 3
     assert all(c.applied for c in ElasticChange.objects.filter(job=job))
+    # the placement follows: the scheduler sees the GPUs the job uses as busy
+    placement = job.placements.get(active=True)
+    assert sorted(g.index for g in placement.gpus.all()) == [0, 1]
+    assert JobEvent.objects.filter(job=job, message__contains="reserved g1/2").exists()
+    assert JobEvent.objects.filter(job=job, message__contains="released g1/2").exists()
+    snap = build_snapshot()
+    assert [g.idle for g in snap.state.node("g1").gpus] == [False, False, True, True]
 
 
 def test_a_slowed_rank_is_replaced(alice):
