@@ -166,7 +166,13 @@ def elastic_window_report(
                 float(remaining_steps),
                 float(elapsed_s),
             )
-            state = engine.observe(state, window, _active_config())
+            config = _active_config()
+            state = engine.observe(state, window, config)
+            if pending is None and engine.decide(state, spec, config).kind != "hold":
+                # a decision is due: run a cycle now rather than at the next periodic one
+                from portal.core.outbox import emit_schedule
+
+                emit_schedule(f"job {job.pk}: elastic decision due")
         job.elastic_state = engine.state_to_dict(state)
         job.save(update_fields=["elastic_state"])
     if pending is not None and pending.kind == ElasticChange.Kind.SCALE:
@@ -235,7 +241,8 @@ def _active_config() -> engine.ElasticConfig:
 
     row = PolicySettings.objects.filter(active=True, policy="elastic").first()
     params = dict(row.params or {}) if row is not None else {}
-    params.pop("scale_step_workers", None)  # 0 means "per node" to the policy
+    if not params.get("scale_step_workers"):
+        params.pop("scale_step_workers", None)  # 0 means "per node" to the policy
     try:
         return engine.ElasticConfig.from_params(params)
     except (TypeError, ValueError):

@@ -366,3 +366,19 @@ def test_the_emulated_job_follows_the_engine_through_the_real_cycle(alice):
     assert lines[-1].startswith("@cosched done")
     kinds = list(ElasticChange.objects.filter(job=job).values_list("kind", "applied"))
     assert ("replace", True) in kinds and all(applied for _, applied in kinds)
+
+
+def test_a_due_decision_asks_for_a_cycle_at_once(alice):
+    from portal.core.models import OutboxMessage
+
+    job = running_elastic_job(alice, gpus=1, node_gpus=4)
+    PolicySettings.objects.create(
+        name="e",
+        policy="elastic",
+        params={"scale_step_workers": 1, "scale_interval_batches": 20},
+        active=True,
+    )
+    report(job, 1, 10.0)  # the first window after a change is not measured
+    assert not OutboxMessage.objects.filter(kind="schedule").exists()  # still measuring
+    report(job, 1, 10.0)  # 20 mini-batches, one window measured: probe 2 is due
+    assert OutboxMessage.objects.filter(kind="schedule", reason__contains="elastic").exists()
