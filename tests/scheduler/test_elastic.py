@@ -203,3 +203,39 @@ def test_policy_ignores_jobs_that_are_not_elastic_or_not_measured():
         ),
     )
     assert build_policy("elastic").schedule(state, random.Random(1)).actions == ()
+
+
+def test_state_round_trips_through_json_and_malformed_state_is_ignored():
+    import json
+
+    state = run_windows(en.start(en.ElasticJob(1, 8), 4, 1e5), 10.0, 4, (1.0, 1.0, 0.5, 1.0))
+    stored = json.loads(json.dumps(en.state_to_dict(state)))
+    back = en.state_from_dict(stored)
+    assert back is not None
+    assert back.measured == state.measured and back.straggler_ewma == state.straggler_ewma
+    assert (back.workers, back.batches_at_count) == (state.workers, state.batches_at_count)
+    assert en.state_from_dict({}) is None
+    assert en.state_from_dict({"workers": "four", "measured": []}) is None
+    assert en.state_from_dict({"workers": 2}) is None
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_walk_always_settles_within_the_bounds(seed):
+    rng = random.Random(seed)
+    lo, hi = rng.randint(1, 3), rng.randint(4, 12)
+    curve = {w: rng.uniform(1.0, 100.0) for w in range(1, 13)}
+    job_ = en.ElasticJob(lo, hi)
+    cfg = en.ElasticConfig(scale_step_workers=rng.randint(1, 3), scale_interval_batches=20)
+    visited = walk(curve, job_, start=rng.randint(lo, hi), cfg=cfg, limit=60)
+    assert all(lo <= w <= hi for w in visited)
+    # where it settled, the step up (when there is room) was measured and fails condition 1
+    k = cfg.scale_step_workers
+    end, up = visited[-1], visited[-1] + k
+    if up <= hi:
+        assert up in visited
+        assert en.scaling_efficiency(curve[end], curve[up], end, k) <= 0.1
+    # and the step down to it (when there is room) was measured and holds
+    down = end - k
+    if down >= lo:
+        assert down in visited
+        assert en.scaling_efficiency(curve[down], curve[end], down, k) > 0.1
