@@ -28,6 +28,12 @@ Snapshots are generated deterministically (``build_state``):
 
 Goal (issue 3): median per-job decision < 5 ms at 1,000 nodes x 8 GPUs with 1,000 pending jobs.
 
+**Preemption case** (issue 13): every GPU of the 1,000 nodes x 8 GPUs runs a single-GPU job
+(under MPS where the GPU has it) that has done a uniform 0-90 % of its work and arrived up to
+10 h before; 1,000 pending jobs as above. A preemptive policy (one that takes a
+``preemption_cost_s`` parameter: ``hetero_srtf``) re-plans the whole cluster: which running jobs
+to requeue or move and where the pending ones go. Same goal; quick mode at 800 GPUs, 60 pending.
+
 **Gang case** (issue 10): the same 1,000 nodes x 8 GPUs, 1,000 pending jobs of which every third
 is a gang of 8, 16, 24 or 32 GPUs (in turn; an 8-GPU job fits one node and waits for a whole
 idle one, the others span 2 to 4 nodes of one model), the rest drawn as above. Same goal:
@@ -78,6 +84,7 @@ FULL = {
     "queue_pending": (10, 100, 1_000, 10_000),
     "queue_gpus": 8_000,
     "gang_point": (8_000, 1_000),
+    "preempt_point": (8_000, 1_000),
     "repeats": 5,
 }
 QUICK = {
@@ -86,6 +93,7 @@ QUICK = {
     "queue_pending": (10, 100),
     "queue_gpus": 100,
     "gang_point": (800, 60),
+    "preempt_point": (800, 60),
     "repeats": 3,
 }
 
@@ -203,6 +211,64 @@ def build_state(gpus: int, pending: int, seed: int = 7, *, gangs: bool = False) 
     return ClusterState(now_s=0.0, nodes=tuple(nodes), pending=tuple(queue), running=tuple(running))
 
 
+def build_busy_state(gpus: int, pending: int, seed: int = 7) -> ClusterState:
+    """The preemption case (module docstring): every GPU busy with a job in progress."""
+    rng = random.Random(seed * 7_919 + gpus + pending)
+    kinds = job_profiles(seed)
+    base = build_state(gpus, pending, seed)
+    nodes: list[NodeState] = []
+    running: list[RunningJob] = []
+    for node in base.nodes:
+        states = []
+        for g in node.gpus:
+            job = _job(f"run-{node.name}-{g.index}", rng, kinds, 1)
+            job = JobSpec(
+                id=job.id,
+                kind=job.kind,
+                gpus=1,
+                cpus=1,
+                profile=job.profile,
+                job_type=job.job_type,
+                arrival_s=-rng.uniform(0.0, 36_000.0),
+            )
+            mode = SharingMode.MPS if g.spec.supports(SharingMode.MPS) else SharingMode.EXCLUSIVE
+            states.append(
+                GpuState(
+                    node=node.name,
+                    index=g.index,
+                    spec=g.spec,
+                    mode=mode,
+                    job_ids=(job.id,),
+                    committed_memory_mb=job.memory_need_mb(),
+                )
+            )
+            running.append(
+                RunningJob(
+                    job,
+                    Placement(job.id, node.name, (g.index,), mode, cpus=1),
+                    started_s=job.arrival_s,
+                    progress=rng.uniform(0.0, 0.9),
+                )
+            )
+        nodes.append(
+            NodeState(
+                node.name,
+                NodeKind.GPU,
+                CORES_PER_NODE,
+                CORES_PER_NODE - len(states),
+                gpus=tuple(states),
+            )
+        )
+    return ClusterState(now_s=0.0, nodes=tuple(nodes), pending=base.pending, running=tuple(running))
+
+
+def preemptive_policies(policies: Sequence[str]) -> list[str]:
+    """The policies that take a ``preemption_cost_s`` parameter."""
+    from scheduler.policies.registry import policy_defaults
+
+    return [p for p in policies if "preemption_cost_s" in policy_defaults(p)]
+
+
 def gang_rows(
     gpus: int, pending: int, policies: Sequence[str], repeats: int
 ) -> list[dict[str, Any]]:
@@ -225,13 +291,18 @@ def time_policy(name: str, state: ClusterState, repeats: int) -> dict[str, Any]:
     """Median cycle time and per-job latency of policy ``name`` on ``state``, cold (a new
     policy object per cycle) and warm (one object reused)."""
     cycles = []
-    placed = spread = 0
+    placed = spread = moved = preempted = 0
+    queued = {j.id for j in state.pending}
     for _ in range(repeats):
         policy = build_policy(name)
         t0 = time.perf_counter()
         plan = policy.schedule(state, random.Random(0))
         cycles.append(time.perf_counter() - t0)
-        placed = len(plan.decisions)
+        # Pending jobs placed; a preemptive policy may also move running jobs (requeue and
+        # place again in one plan) or requeue them.
+        placed = sum(1 for d in plan.decisions if d.placement.job_id in queued)
+        moved = len(plan.decisions) - placed
+        preempted = len(plan.actions)
         spread = sum(1 for d in plan.decisions if d.placement.is_gang)
     warm = []
     policy = build_policy(name)
@@ -249,6 +320,8 @@ def time_policy(name: str, state: ClusterState, repeats: int) -> dict[str, Any]:
         "pending": len(state.pending),
         "placed": placed,
         "gangs_placed": spread,
+        "moved": moved,
+        "actions": preempted,
         "cycle_ms": 1000.0 * cycle,
         "per_job_ms": 1000.0 * cycle / jobs,
         "per_job_ms_max": 1000.0 * max(cycles) / jobs,
@@ -363,6 +436,22 @@ def run(quick: bool = False) -> dict:
             + (f"; slowest {worst}, {gang_goal[worst]:.3f} ms/job" if worst else "")
         )
 
+    pre_gpus, pre_pending = sizes["preempt_point"]
+    busy_state = build_busy_state(int(pre_gpus), int(pre_pending))
+    preempt = []
+    for name in preemptive_policies(policies):
+        try:
+            row = time_policy(name, busy_state, repeats)
+        except Exception as exc:  # a broken policy must not hide the others' figures
+            row = {"policy": name, "gpus": pre_gpus, "pending": pre_pending, "error": f"{exc!r}"}
+        preempt.append(row)
+    print()
+    print(
+        f"Preemption case: {pre_gpus:,} GPUs all busy with jobs in progress, "
+        f"{pre_pending:,} pending (median of {repeats} cycles)"
+    )
+    print(format_rows(preempt))
+
     goal: dict[str, Any] = {}
     for r in (*cluster_rows, *queue_rows):
         if r.get("gpus") == GOAL_GPUS and r.get("pending") == GOAL_PENDING and "error" not in r:
@@ -403,6 +492,11 @@ def run(quick: bool = False) -> dict:
     summary[f"gang goal < {GOAL_MS:g} ms/job @ {gang_gpus:,} GPUs, {gang_pending:,} queued"] = (
         "met" if gang_met else "NOT met"
     )
+    for r in preempt:
+        if "error" not in r:
+            summary[f"{r['policy']} ms/job, preemption case @ {pre_gpus:,} GPUs"] = round(
+                r["per_job_ms"], 4
+            )
     return {
         "definition": "median over repeats of one policy.schedule() wall time / pending jobs",
         "goal_ms": GOAL_MS,
@@ -412,6 +506,7 @@ def run(quick: bool = False) -> dict:
         "queue_sweep": queue_rows,
         "gang_case": gang,
         "gang_goal_met": gang_met,
+        "preemption_case": preempt,
         "summary": summary,
     }
 

@@ -42,6 +42,7 @@ import contextlib
 import json
 import os
 import platform
+import pwd
 import statistics
 import sys
 import tempfile
@@ -163,6 +164,8 @@ def node_agent(
         "16",
         "--sample-every",
         str(SAMPLER_INTERVAL_S),
+        "--run-jobs-as",  # the benchmark's own account (no account switch to measure)
+        pwd.getpwuid(os.geteuid()).pw_name,
     ]
     agent_env = {"COSCHED_DATA_DIR": env["COSCHED_DATA_DIR"], "LOG_LEVEL": "WARNING"}
     try:

@@ -10,9 +10,10 @@ A plain HTTP client of the REST API (``requests``); it imports nothing from Djan
 
 The job file (YAML or JSON) holds the API's job fields: ``name``, ``command``, ``profile`` (an
 id, or the name of an approved profile), ``gpus``, ``gpu_memory_mb``, ``cpus``, ``memory_mb``,
-``kind``, ``params``, ``priority`` (and ``container_image``, ``elastic_min_workers``,
-``elastic_max_workers``, ``elastic_deadline_s`` or ``elastic_value_per_hour``,
-``max_global_batch``).
+``kind``, ``params``, ``priority``, ``time_limit`` (and ``container_image``,
+``elastic_min_workers``, ``elastic_max_workers``, ``elastic_deadline_s`` or
+``elastic_value_per_hour``, ``max_global_batch``). ``submit --time-limit`` overrides the file's
+``time_limit``.
 
 Retries are safe: ``submit`` sends an ``Idempotency-Key`` derived from the job file's bytes
 (``cli-<sha256>``), so a CI step that is retried with the same file gets the job the first try
@@ -300,6 +301,7 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
         ("gpu memory", f"{job['gpu_memory_mb']} MB" if job.get("gpu_memory_mb") else "-"),
         ("cpus", job.get("cpus")),
         ("priority", job.get("priority")),
+        *([("time limit", _limit_text(job["time_limit"]))] if job.get("time_limit") else []),
         ("submitted", _when(job.get("submitted_at"))),
     ]
     for label, key in (("started", "started_at"), ("finished", "finished_at")):
@@ -324,6 +326,15 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
         if placement.get("explanation"):
             rows.append(("why", placement["explanation"]))
     return [f"{label:<11} {value}" for label, value in rows]
+
+
+def _limit_text(seconds: Any) -> str:
+    from scheduler.durations import format_duration
+
+    try:
+        return f"{format_duration(float(seconds))} per attempt"
+    except (TypeError, ValueError):
+        return str(seconds)
 
 
 def _profile_text(job: dict[str, Any]) -> str:
@@ -377,6 +388,9 @@ def _not_found(job_id: int) -> str:
 
 def cmd_submit(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     fields, raw = load_job_file(args.jobfile)
+    if getattr(args, "time_limit", None) is not None:
+        fields["time_limit"] = args.time_limit
+        raw += f"\n# --time-limit {args.time_limit}".encode()  # another limit, another job
     headers: dict[str, str] = {}
     key = (
         None if args.no_idempotency_key else (args.idempotency_key or default_idempotency_key(raw))
@@ -490,7 +504,8 @@ def cmd_wait(
             detail.append(f"exit code {job['exit_code']}")
         if job.get("failure_reason"):
             detail.append(job["failure_reason"])
-        out.write(f"Job {args.id} {state}" + (f": {'; '.join(detail)}" if detail else "") + "\n")
+        label = f"{state} ({job['end_label']})" if job.get("end_label") else state
+        out.write(f"Job {args.id} {label}" + (f": {'; '.join(detail)}" if detail else "") + "\n")
     return EXIT_OK if state == "COMPLETED" else EXIT_JOB_NOT_COMPLETED
 
 
@@ -624,6 +639,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _time_limit(text: str) -> int:
+    """``--time-limit``: checked here with the server's own parser (``scheduler.durations``)."""
+    from scheduler.durations import DurationError, parse_duration
+
+    try:
+        return parse_duration(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -647,6 +672,8 @@ job file (YAML, or JSON when the name ends in .json; - reads standard input):
   memory_mb: 16000                # host memory (optional)
   kind: dl-train                  # dl-train, dl-infer, hpc or other (default: the profile's)
   priority: 0                     # -1000..1000, higher first under priority-aware policies
+  time_limit: 2h                  # per attempt: 90s, 30m, 2h, 1-00:00:00 or seconds; past it
+                                  #   the job is stopped and ends FAILED (time limit)
   params: {batch_size: 64}        # free-form parameters (a mapping)
   container_image: ""             # optional
   elastic_min_workers: 1          # optional, elastic training
@@ -715,6 +742,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keys.add_argument("--no-idempotency-key", action="store_true", help="always create a new job")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the job id")
+    p.add_argument(
+        "--time-limit",
+        type=_time_limit,
+        metavar="DURATION",
+        help="time limit per attempt (90s, 30m, 2h, 1-00:00:00 or seconds); overrides the job "
+        "file's time_limit",
+    )
     p.add_argument(
         "--wait",
         action="store_true",

@@ -219,6 +219,9 @@ COSCHED = {
     "SYNC_INTERVAL_S": envfloat("COSCHED_SYNC_INTERVAL_S", 1.0),
     "RECONCILE_EVERY_S": envfloat("COSCHED_RECONCILE_EVERY_S", 5.0),
     "CYCLE_EVERY_S": envfloat("COSCHED_CYCLE_EVERY_S", 10.0),
+    # SIGTERM, then SIGKILL this many seconds later, when a node stops a job that was preempted,
+    # requeued or cancelled, or that ran past its time limit: the job's time to checkpoint.
+    "STOP_GRACE_S": envfloat("COSCHED_STOP_GRACE_S", 10.0),
 }
 if COSCHED["LEASE_S"] <= 2 * COSCHED["SYNC_INTERVAL_S"] or COSCHED["LEASE_MARGIN_S"] <= 0:
     raise ValueError(

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 #: 0.30). ``tests/scheduler/test_gangs.py`` recomputes it from the file.
 UNCONSOLIDATED_SPEED = 0.74
 
+#: ``JobSpec.params`` key the simulator reads (never a policy): true work / estimated work of a
+#: job whose profile times are noisy estimates (``scheduler.estimates``). Absent: 1.
+TRUE_WORK_FACTOR = "true_work_factor"
+
 
 class SharingMode(StrEnum):
     """How a GPU is shared (ALGORITHMS.md §4, Table 1)."""
@@ -198,6 +202,9 @@ class JobSpec:
     elastic_deadline_s: float | None = None
     elastic_value_per_hour: float | None = None
     max_global_batch: int | None = None
+    # The user's time limit (s, per attempt; ``scheduler.durations``): the node stops the job
+    # when it runs longer. An upper bound of its run time that policies may use as an estimate.
+    time_limit_s: float | None = None
 
     def memory_need_mb(self) -> float:
         """GPU memory per GPU this job needs: asked, else profiled max, else 0."""
@@ -220,6 +227,12 @@ class JobSpec:
         if spread and gpu_model is not None:
             return self.profile.spread_time_s(gpu_model, speed)[0]
         return self.profile.solo_time_s(gpu_model)
+
+    def work_estimate_s(self, gpu_model: str | None) -> float | None:
+        """What a policy may take as this job's run time on ``gpu_model``: the profile's solo
+        time there, else the user's time limit (an upper bound the user declared), else None."""
+        solo = self.solo_time_s(gpu_model)
+        return solo if solo is not None else self.time_limit_s
 
 
 @dataclass(frozen=True, slots=True)

@@ -191,7 +191,8 @@ def colocation_signature(
 class MeasuredInterference:
     """Pairwise slowdowns measured by Gavel (``measured``; ``data/gavel/colocation.csv``).
 
-    Looks up ``(gpu_type, job.job_type, co_runner.job_type)``: the slowdown is
+    Looks up ``(gpu_type, job.job_type, co_runner.job_type)`` for two jobs of the same GPU
+    count (a pair of different scale factors is missing data): the slowdown is
     ``1 / norm_a`` (``norm`` = co-located / solo throughput). ``gpu_type`` comes from
     ``gpu_types`` (catalogue model -> table name, default K80/P100/V100 -> k80/p100/v100; add
     e.g. ``{"T4": "v100"}`` to borrow a measured GPU for an unmeasured one). Pairs measured
@@ -224,10 +225,21 @@ class MeasuredInterference:
         self.default_slowdown = default_slowdown
         self.misses = 0
 
+    def measured_pair(self, job: JobSpec, other: JobSpec, gpu: GpuSpec) -> float | None:
+        """The measured concurrent slowdown of ``job`` next to ``other`` on ``gpu``, or None
+        when the table has no such pair (no fallback; ``inf`` when measured infeasible)."""
+        if job.job_type is None or other.job_type is None or job.gpus != other.gpus:
+            return None
+        gpu_type = self.gpu_types.get(gpu.model, gpu.model.lower())
+        return self._table.get((gpu_type, job.job_type, other.job_type))
+
     def pair_slowdown(self, job: JobSpec, other: JobSpec, gpu: GpuSpec) -> float:
         """Concurrent slowdown of ``job`` next to ``other`` alone on ``gpu`` (MPS-like)."""
         gpu_type = self.gpu_types.get(gpu.model, gpu.model.lower())
-        if job.job_type is not None and other.job_type is not None:
+        # Pairs were measured between jobs of one GPU each; two multi-GPU jobs of the same
+        # scale factor sharing their GPUs pairwise read the same pair (as Gavel does), a pair
+        # of different scale factors was never measured.
+        if job.job_type is not None and other.job_type is not None and job.gpus == other.gpus:
             s = self._table.get((gpu_type, job.job_type, other.job_type))
             if s is not None:
                 return s

@@ -94,6 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="speed of a job spread over nodes whose profile has no unconsolidated time "
         "(default 0.74: the median of Gavel's measured ratios)",
     )
+    p.add_argument(
+        "--preemption-cost-s",
+        type=float,
+        metavar="SECONDS",
+        help="checkpoint-and-restart time of a preempted or migrated job (default: the "
+        "scenario's, else 0, Gavel's assumption); policies with a preemption_cost_s parameter "
+        "get it too unless their parameters set one",
+    )
+    p.add_argument(
+        "--estimate-noise",
+        type=float,
+        metavar="SIGMA",
+        help="multiply each job's work estimate by lognormal noise exp(N(0, SIGMA)), seeded "
+        "by --seed; the simulator runs the true work (scheduler/estimates.py)",
+    )
     p.add_argument("--out", help="directory for summary.csv, jobs.csv and report.html")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -160,10 +175,19 @@ def _run(args: argparse.Namespace) -> int:
         overrides["max_time_s"] = args.max_time
     if args.unconsolidated_speed is not None:
         overrides["unconsolidated_speed"] = args.unconsolidated_speed
+    if args.preemption_cost_s is not None:
+        overrides["preemption_cost_s"] = args.preemption_cost_s
     try:
         config = dataclasses.replace(config, **overrides)
     except ValueError as exc:  # SimConfig's own range checks
         raise InputError(str(exc), file="command line") from None
+    if args.estimate_noise is not None:
+        from scheduler.estimates import with_noisy_estimates
+
+        try:
+            jobs = with_noisy_estimates(jobs, args.estimate_noise, config.seed)
+        except ValueError as exc:
+            raise InputError(str(exc), file="command line", field="--estimate-noise") from None
 
     results = run_policies(
         cluster,
@@ -213,7 +237,9 @@ def run_policies(
     from scheduler.simulator import simulate
 
     params = params or {}
-    built = [build_policy(name, params.get(name)) for name in policies]  # fail fast on names
+    built = [
+        build_policy(name, _with_cost(name, params.get(name), config)) for name in policies
+    ]  # fail fast on names
     model = None if interference in (None, "none") else build_interference(interference)
     results = []
     bar, tick = _progress_bar(len(jobs) * len(built), enabled=progress)
@@ -235,6 +261,18 @@ def run_policies(
         if bar is not None:
             bar.close()
     return results
+
+
+def _with_cost(name: str, given: Any, config: SimConfig | None) -> dict[str, Any]:
+    """A policy's parameters, with the simulated preemption cost as its estimate of it when
+    the policy takes a ``preemption_cost_s`` parameter that its parameters leave unset."""
+    from scheduler.policies.registry import policy_defaults
+
+    out = dict(given or {})
+    wants = "preemption_cost_s" in policy_defaults(name)
+    if config is not None and wants and "preemption_cost_s" not in out:
+        out["preemption_cost_s"] = config.preemption_cost_s
+    return out
 
 
 def _progress_bar(total: int, *, enabled: bool) -> tuple[Any, Callable[[int], None]]:

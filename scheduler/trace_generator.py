@@ -104,10 +104,22 @@ def generate_jobs(
     seed: int = 0,
     jobs_per_hour: float = 0.5,
     throughputs: ThroughputTable | None = None,
+    burst: bool = False,
+    duration_hours: tuple[float, float] | None = None,
 ) -> list[GeneratedJob]:
-    """``jobs`` jobs drawn with Gavel's settings (module docstring), in arrival order."""
+    """``jobs`` jobs drawn with Gavel's settings (module docstring), in arrival order.
+
+    ``burst``: every job arrives at 0 (the arrival stream is not drawn). ``duration_hours``
+    ``(low, high)``: run times on V100 log-uniform between ``low`` and ``high`` hours
+    (``3600 * 10 ** U(log10 low, log10 high)``, from the duration stream) instead of Gavel's
+    Philly-derived mix; the setting of Gavel's small-cluster traces (1 to 4 h).
+    """
     if jobs < 0:
         raise ValueError(f"jobs must be >= 0, got {jobs}")
+    if duration_hours is not None:
+        lo_h, hi_h = duration_hours
+        if not (0 < lo_h <= hi_h and math.isfinite(hi_h)):
+            raise ValueError(f"duration_hours must be 0 < low <= high, got {duration_hours}")
     if not (jobs_per_hour > 0 and math.isfinite(jobs_per_hour)):
         raise ValueError(f"jobs_per_hour must be a positive number, got {jobs_per_hour}")
     table = throughputs if throughputs is not None else load_solo_throughputs()
@@ -127,9 +139,13 @@ def generate_jobs(
         if scale not in types:
             raise ValueError(f"no job type was measured on {REFERENCE_MODEL} at scale {scale}")
         job_type = type_rng.choice(types[scale])
-        duration = _draw_duration(duration_rng)
+        if duration_hours is None:
+            duration = _draw_duration(duration_rng)
+        else:
+            lo_e, hi_e = math.log10(duration_hours[0]), math.log10(duration_hours[1])
+            duration = 3600.0 * 10.0 ** duration_rng.uniform(lo_e, hi_e)
         steps = max(1, round(duration * table[(job_type, scale)][REFERENCE_MODEL]))
-        if k > 0:
+        if k > 0 and not burst:
             t += -math.log(1.0 - arrival_rng.random()) * mean_gap_s
         out.append(GeneratedJob(k, job_type, round(t, 1), steps, scale, duration))
     return out

@@ -700,6 +700,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=0.5,
         help="mean arrival rate of the Poisson arrivals (default 0.5)",
     )
+    g.add_argument("--burst", action="store_true", help="every job arrives at t=0")
+    g.add_argument(
+        "--duration-hours",
+        type=float,
+        nargs=2,
+        metavar=("LOW", "HIGH"),
+        help="V100 run times log-uniform between LOW and HIGH hours (default: Gavel's "
+        "Philly-derived mix)",
+    )
     g.add_argument("--out", required=True, help="the CSV file to write")
     d = sub.add_parser("describe", help="jobs, GPUs per job and span of a trace")
     d.add_argument("trace")
@@ -711,6 +720,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 multi_gpu=args.multi_gpu,
                 seed=args.seed,
                 jobs_per_hour=args.jobs_per_hour,
+                burst=args.burst,
+                duration_hours=tuple(args.duration_hours) if args.duration_hours else None,
             )
             gen.write_gavel_trace(jobs, args.out)
             print(f"wrote {args.out}: {gen.describe(jobs)}")

@@ -70,10 +70,12 @@ from scheduler.catalog import UnknownGpuModel, gpu_spec
 from scheduler.domain import JobKind, Placement, Profile, SharingMode
 from workers import runner as runner_files
 from workers.gpu.base import DeviceInfo, GpuBackend, GpuBackendError
-from workers.launcher import LaunchError, build_env, new_reports, tail
+from workers.isolation import IsolationError, JobUsers, Limits
+from workers.launcher import LaunchError, build_env, is_portal_variable, new_reports, tail
 from workers.profiles import ProfileFormatError, profile_from_json, profiles_document
 from workers.protocol import (
     AUTH_SCHEME,
+    DEFAULT_STOP_GRACE_S,
     OUTCOMES,
     PROTOCOL_VERSION,
     RESULTS_PATH,
@@ -97,7 +99,9 @@ from workers.slowdown import live_slowdown
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 16 * 1024  # what the agent sends for the job page's live log
-KILL_GRACE_S = 10.0  # SIGTERM, then SIGKILL after this many seconds (cancel, requeue)
+KILL_GRACE_S = DEFAULT_STOP_GRACE_S  # SIGTERM, then SIGKILL (until the portal says otherwise)
+CHECKPOINT_DIR_ENV = "COSCHED_CHECKPOINT_DIR"  # the job's directory kept across its attempts
+TIME_LIMIT_ENV = "COSCHED_TIME_LIMIT_S"  # the attempt's time limit (s), when it has one
 MAX_BUFFERED_SAMPLES = 20_000  # kept while the portal cannot be reached (oldest dropped)
 FOLLOW_UP_SYNCS = 4  # at most this many syncs in one step (after launches and stops)
 MARKER_ENV = "COSCHED_AGENT_ID"  # in every runner's and job's environment
@@ -158,6 +162,7 @@ class _Attempt:
     iter_time_s: float | None = None
     active_s: float | None = None
     run_s: float | None = None  # the emulator's own solo run time (scaled), when it says
+    resumed_from: float = 0.0  # fraction of the work done by earlier attempts (a checkpoint)
     pidfd: int | None = field(default=None, repr=False)
 
     @property
@@ -170,14 +175,21 @@ class _Attempt:
 
     def solo_time_s(self) -> float | None:
         """Solo run time (s) for ALGORITHMS.md §5: what the job says it needs alone (the
-        emulator's ``run_s``), else the profile's time on this GPU model (or CPU time)."""
+        emulator's ``run_s``), else the profile's time on this GPU model (or CPU time); for an
+        attempt that resumed from a checkpoint, the share of it still to do."""
         if self.run_s:
-            return float(self.run_s)
-        if self.profile is None:
+            solo: float | None = float(self.run_s)
+        elif self.profile is None:
             return None
-        if self.spec.part.gpu_indices:
-            return self.profile.gpu_time_s.get(self.spec.gpu_model or "")
-        return self.profile.cpu_time_s
+        elif self.spec.part.gpu_indices:
+            solo = self.profile.gpu_time_s.get(self.spec.gpu_model or "")
+        else:
+            solo = self.profile.cpu_time_s
+        if solo is not None and 0.0 < self.resumed_from < 1.0:
+            # A resumed attempt has only the rest of the work to do: its Slow-Down is measured
+            # against that share (else it would read below 1).
+            solo *= 1.0 - self.resumed_from
+        return solo
 
 
 class NodeAgent:
@@ -202,12 +214,22 @@ class NodeAgent:
         mps_log_dir: Path | None = None,
         address: str | None = None,
         sample_every_s: float = 2.0,
+        job_users: JobUsers | None = None,
+        limits: Limits | None = None,
+        checkpoint_root: Path | None = None,
     ) -> None:
         """``backend`` None: a node without GPUs (``kind`` "cpu"). Directories default to
         ``<data>/logs``, ``<data>/work`` and ``<data>/agent/<name>`` (``data_dir``: the
         parent of ``log_dir`` when given, else ``$COSCHED_DATA_DIR``, else ``./var``). MPS
         directories: the agent's own ``CUDA_MPS_PIPE_DIRECTORY`` / ``CUDA_MPS_LOG_DIRECTORY``
-        (NVIDIA's defaults without them) on ``nvml``, ``<data>/mps/<name>/...`` on ``virtual``."""
+        (NVIDIA's defaults without them) on ``nvml``, ``<data>/mps/<name>/...`` on ``virtual``.
+        ``job_users``: which unix account runs whose job (default: every job as this process's
+        own account); ``limits``: how cores and memory are limited (default: detected at
+        ``start``; ``workers.isolation``).
+
+        ``checkpoint_root``: each job's ``COSCHED_CHECKPOINT_DIR`` is ``<root>/job-<id>``
+        (default ``$COSCHED_CHECKPOINT_ROOT``, else ``<data>/checkpoints``); a job resumes on
+        another node only if that node sees the same directory (shared storage)."""
         self.name = name
         self.backend = backend
         self.transport = transport
@@ -223,6 +245,11 @@ class NodeAgent:
         data_dir = Path(data_dir).absolute()
         self.log_dir = Path(log_dir) if log_dir is not None else data_dir / "logs"
         self.work_dir = Path(work_dir) if work_dir is not None else data_dir / "work"
+        if checkpoint_root is None:
+            env_root = os.environ.get("COSCHED_CHECKPOINT_ROOT")
+            checkpoint_root = Path(env_root) if env_root else data_dir / "checkpoints"
+        self.checkpoint_root = Path(checkpoint_root).absolute()
+        self.stop_grace_s = KILL_GRACE_S  # the portal's COSCHED_STOP_GRACE_S once it answered
         self.state_dir = Path(state_dir) if state_dir is not None else data_dir / "agent" / name
         self.attempts_dir = self.state_dir / "attempts"
         self.lease_file = self.state_dir / "lease.json"
@@ -238,6 +265,8 @@ class NodeAgent:
         self.mps_log_dir = Path(mps_log_dir or default_log)
         self.address = address if address is not None else socket.getfqdn()
         self.sample_every_s = sample_every_s
+        self.job_users = job_users if job_users is not None else JobUsers.single()
+        self.limits = limits
         # Marks every runner and job of this agent (its state directory, hashed), so a
         # restarted agent finds its own leftovers and nobody else's.
         self.marker = marker_for(self.state_dir)
@@ -269,13 +298,22 @@ class NodeAgent:
         with self._lock:
             if self._started:
                 return
+            for warning in self.job_users.check():  # IsolationError: cannot run as configured
+                log.warning("%s: %s", self.name, warning)
             self._started = True
             for path in (self.state_dir, self.attempts_dir):
                 path.mkdir(parents=True, exist_ok=True)
                 os.chmod(path, 0o700)
             self._take_lock()
             self._open_fifo()
-            self.log_dir.mkdir(parents=True, exist_ok=True)
+            # Jobs may pass through (to their own log and directory), not list or write.
+            for path in (self.log_dir, self.work_dir):
+                path.mkdir(parents=True, exist_ok=True)
+                os.chmod(path, 0o711)  # noqa: S103 (traverse only: see workers.isolation)
+            if self.limits is None:
+                self.limits = Limits.detect()
+                level = logging.INFO if self.limits.kind == "cgroup" else logging.WARNING
+                log.log(level, "%s: %s", self.name, self.limits.describe())
             stored = runner_files.read_json(self.seq_file) or {}
             self._seq = max(int(stored.get("seq", 0)), int(time.time() * 1000))
             for entry in sorted(self.attempts_dir.iterdir()):
@@ -494,6 +532,7 @@ class NodeAgent:
             self._send_info = True
             return reply
         self.sync_interval_s = reply.sync_interval_s
+        self.stop_grace_s = reply.stop_grace_s
         self.lease_deadline = sent + reply.lease_s
         self._write_lease(self.lease_deadline, reply.lease_kill_grace_s)
         if request.info is not None:
@@ -547,7 +586,8 @@ class NodeAgent:
                     a,
                     "killed",
                     f"attempt {key.attempt} of job {key.job_id} is no longer assigned to "
-                    f"{self.name} (cancelled, requeued or superseded)",
+                    f"{self.name} (preempted, cancelled, requeued or superseded)",
+                    self.stop_grace_s,
                 )
                 changed = True
         return changed
@@ -573,6 +613,7 @@ class NodeAgent:
             if not spec.command.strip():
                 raise LaunchError("the job has no command (container jobs are not run here yet)")
             workdir = self.work_dir / f"job-{spec.job_id}"
+            isolation = self._isolation(spec)
             a.log_offset = _write_header(log_path, spec, self.name)
             runner_files.write_json(
                 tmp / runner_files.SPEC,
@@ -581,6 +622,9 @@ class NodeAgent:
                     "argv": ["/bin/sh", "-c", spec.command],
                     "env": env,
                     "cwd": str(workdir),
+                    "checkpoint_dir": env[CHECKPOINT_DIR_ENV],
+                    "time_limit_s": spec.time_limit_s,
+                    "time_limit_grace_s": self.stop_grace_s,
                     "log": str(log_path),
                     "log_offset": a.log_offset,
                     "lease_file": str(self.lease_file),
@@ -591,10 +635,11 @@ class NodeAgent:
                     # The agent normally collects a result within milliseconds; later than
                     # this, the runner tells the portal itself (well inside the lease margin).
                     "report_after_s": max(2 * self.sync_interval_s, 1.0),
+                    "isolation": isolation,
                 },
             )
             os.replace(tmp, final)
-        except (LaunchError, GpuBackendError, ProfileFormatError, OSError) as exc:
+        except (LaunchError, GpuBackendError, ProfileFormatError, IsolationError, OSError) as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             self._detach(a)
             reason = f"launch failed on {self.name}: {exc}"
@@ -616,7 +661,9 @@ class NodeAgent:
             self._attempts[key] = a
             self._collect_one(a)
             return
-        env_runner = {k: v for k, v in env.items() if not k.startswith("CUDA_")}
+        # The runner keeps the agent's account (root on a multi-user node): its environment is
+        # the agent's few runtime variables, nothing of the job's (LD_PRELOAD, PYTHON*, ...).
+        env_runner = runner_env(os.environ)
         env_runner.update(
             {
                 MARKER_ENV: self.marker,
@@ -658,6 +705,17 @@ class NodeAgent:
         self._open_pidfd(a)
         log.info("%s: started attempt %s (runner pid %s)", self.name, key, a.runner_pid)
 
+    def _isolation(self, spec: AttemptSpec) -> dict[str, Any]:
+        """The attempt's ``isolation`` entry for its runner (``workers.isolation.JobLaunch``):
+        the account it runs as and its limits. Raises IsolationError (the launch fails)."""
+        account = self.job_users.account_for(spec.owner)
+        if self.limits is None:
+            self.limits = Limits.detect()
+        part = spec.part
+        name = f"{self.marker}-job-{spec.job_id}-{spec.attempt}"
+        limits = self.limits.for_job(name, part.cpus, spec.memory_mb, bool(part.gpu_indices))
+        return {"account": account.to_dict(), "limits": limits}
+
     def _report_target(self, spec: AttemptSpec) -> dict[str, Any] | None:
         """Where the attempt's runner may report its result itself (HTTP only)."""
         target = getattr(self.transport, "report_target", None)
@@ -686,6 +744,8 @@ class NodeAgent:
         mps = placement.mode is SharingMode.MPS
         extra = {
             "COSCHED_ATTEMPT": str(spec.attempt),
+            CHECKPOINT_DIR_ENV: str(self.checkpoint_dir(spec.job_id)),
+            **({TIME_LIMIT_ENV: f"{spec.time_limit_s:g}"} if spec.time_limit_s else {}),
             MARKER_ENV: self.marker,
             **gang_env(spec),
             **dict(spec.env),
@@ -722,6 +782,11 @@ class NodeAgent:
             bin_dir = str(Path(sys.executable).parent)
             env["PATH"] = os.pathsep.join([bin_dir, env.get("PATH", os.defpath)])
         return env
+
+    def checkpoint_dir(self, job_id: int) -> Path:
+        """``<checkpoint root>/job-<id>``: the job's ``COSCHED_CHECKPOINT_DIR``, the same for
+        every attempt (created by the runner with the job's working directory)."""
+        return self.checkpoint_root / f"job-{job_id}"
 
     def log_path(self, job_id: int, node_rank: int = 0) -> Path:
         """``<log_dir>/job-<id>.log``: stdout and stderr of every attempt of the job (a gang's
@@ -879,6 +944,7 @@ class NodeAgent:
         for report in reports:
             if report.event == "start":
                 a.run_s = _float(report.get("run_s")) or a.run_s
+                a.resumed_from = _float(report.get("resumed_from")) or 0.0
             elif report.event in ("progress", "epoch", "done", "fail", "term"):
                 fraction = _float(report.get("fraction"))
                 if report.event == "done":
@@ -1001,6 +1067,19 @@ class AgentLocked(RuntimeError):
 # --- helpers --------------------------------------------------------------------------------------
 
 
+RUNNER_ENV_KEEP = frozenset({"PATH", "LANG", "LANGUAGE", "TZ", "LD_LIBRARY_PATH", "TMPDIR"})
+
+
+def runner_env(agent_env: Any) -> dict[str, str]:
+    """The environment a runner starts with: ``RUNNER_ENV_KEEP`` and ``LC_*`` of the agent's
+    own (the agent adds its marker, the attempt directory and ``PYTHONPATH``)."""
+    return {
+        k: v
+        for k, v in agent_env.items()
+        if (k in RUNNER_ENV_KEEP or k.startswith("LC_")) and not is_portal_variable(k)
+    }
+
+
 def marker_for(state_dir: Path) -> str:
     """The ``COSCHED_AGENT_ID`` of the runners and jobs of the agent using ``state_dir``."""
     return hashlib.sha256(str(Path(state_dir).absolute()).encode()).hexdigest()[:16]
@@ -1059,7 +1138,9 @@ def _write_header(path: Path, spec: AttemptSpec, node: str) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     rank = f", node rank {spec.node_rank} of {len(spec.parts)}" if spec.is_gang else ""
-    with open(path, "a", encoding="utf-8") as f:
+    # Private from the start (0600); the runner gives it to the job's account.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with open(fd, "a", encoding="utf-8") as f:
         f.write(
             f"[cosched] job {spec.job_id} attempt {spec.attempt} on {describe(spec, node)}"
             f"{rank}, {stamp}\n"
@@ -1201,16 +1282,16 @@ class NudgeListener(threading.Thread):
         self.url = url
         self.channel = nudge_channel(node)
         self.on_nudge = on_nudge
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
         import redis
 
         backoff = 0.5
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 client = redis.Redis.from_url(
                     self.url, socket_connect_timeout=2, socket_timeout=5, health_check_interval=10
@@ -1219,13 +1300,13 @@ class NudgeListener(threading.Thread):
                 pubsub.subscribe(self.channel)
                 self.on_nudge()
                 backoff = 0.5
-                while not self._stop.is_set():
+                while not self._halt.is_set():
                     message = pubsub.get_message(timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         self.on_nudge()
             except Exception as exc:  # redis errors, DNS, ...: try again later
                 log.debug("nudge listener: %s", exc)
-                self._stop.wait(backoff)
+                self._halt.wait(backoff)
                 backoff = min(5.0, backoff * 2)
 
 
@@ -1284,6 +1365,38 @@ def _parser() -> argparse.ArgumentParser:
         help="logs, job working directories and the agent's state (default $COSCHED_DATA_DIR)",
     )
     p.add_argument("--address", default=None, help="address other nodes reach this one at")
+    p.add_argument(
+        "--run-jobs-as",
+        default=os.environ.get("COSCHED_RUN_JOBS_AS") or None,
+        help="'owner': each job as its portal owner's unix account (needs root); or one "
+        "account NAME for every job (default $COSCHED_RUN_JOBS_AS, else 'owner' as root and "
+        "this process's own account otherwise)",
+    )
+    p.add_argument(
+        "--job-user-map",
+        default=os.environ.get("COSCHED_JOB_USER_MAP") or None,
+        help="file of 'portal_user unix_account' lines (owner mode; default "
+        "$COSCHED_JOB_USER_MAP); unmapped users run as the account of their name",
+    )
+    p.add_argument(
+        "--fallback-account",
+        default=os.environ.get("COSCHED_FALLBACK_ACCOUNT") or None,
+        help="account for owners without one on this node (owner mode; default "
+        "$COSCHED_FALLBACK_ACCOUNT, else cosched-job; 'none': such jobs fail to launch)",
+    )
+    p.add_argument(
+        "--cgroup-root",
+        default=os.environ.get("COSCHED_CGROUP_ROOT") or None,
+        help="cgroup v2 directory under which each job gets its own (default "
+        "$COSCHED_CGROUP_ROOT, else <cgroup2 mount>/cosched; without a usable one: rlimits)",
+    )
+    p.add_argument(
+        "--checkpoint-root",
+        default=os.environ.get("COSCHED_CHECKPOINT_ROOT"),
+        help="where each job's COSCHED_CHECKPOINT_DIR is made (default "
+        "$COSCHED_CHECKPOINT_ROOT, else <data-dir>/checkpoints); shared storage lets a "
+        "preempted job resume on another node",
+    )
     return p
 
 
@@ -1319,6 +1432,28 @@ def _open_backend(opts: argparse.Namespace) -> GpuBackend | None:
     return backend
 
 
+def _isolation(opts: argparse.Namespace) -> tuple[JobUsers, Limits]:
+    """The job accounts and limits the options ask for; UsageError when this process cannot
+    apply them (an agent that is not root asked for owner mode, a missing account, ...)."""
+    try:
+        users = JobUsers.from_options(opts.run_jobs_as, opts.job_user_map, opts.fallback_account)
+        users.check()  # its warnings are logged when the agent starts
+    except IsolationError as exc:
+        raise UsageError(str(exc)) from None
+    limits = Limits.detect(opts.cgroup_root)
+    if opts.cgroup_root and limits.kind != "cgroup":
+        raise UsageError(f"--cgroup-root {opts.cgroup_root}: {limits.reason}")
+    if opts.token_file and users.mode == "owner":
+        with contextlib.suppress(OSError):
+            if Path(opts.token_file).stat().st_mode & 0o077:
+                print(
+                    f"node agent: warning: the token file {opts.token_file} is readable by "
+                    f"others (chmod 600 it): a job that reads it can act as this node",
+                    file=sys.stderr,
+                )
+    return users, limits
+
+
 def _token(opts: argparse.Namespace) -> str:
     if opts.token_file:
         try:
@@ -1352,6 +1487,7 @@ def main(argv: list[str] | None = None) -> int:
         token_file = Path(opts.token_file) if opts.token_file else None
         transport = HttpTransport(opts.portal, token, token_file=token_file)
         backend = _open_backend(opts)
+        job_users, limits = _isolation(opts)
     except (UsageError, ValueError) as exc:
         print(f"node agent: {exc}", file=sys.stderr)
         if backend is not None:
@@ -1368,6 +1504,9 @@ def main(argv: list[str] | None = None) -> int:
         data_dir=Path(opts.data_dir),
         address=opts.address,
         sample_every_s=opts.sample_every,
+        job_users=job_users,
+        limits=limits,
+        checkpoint_root=Path(opts.checkpoint_root) if opts.checkpoint_root else None,
     )
     stop = threading.Event()
 
@@ -1379,7 +1518,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         agent.start()
-    except AgentLocked as exc:
+    except (AgentLocked, IsolationError) as exc:
         print(f"node agent: {exc}", file=sys.stderr)
         if backend is not None:
             backend.close()
@@ -1390,6 +1529,7 @@ def main(argv: list[str] | None = None) -> int:
         f"portal {opts.portal}; state {agent.state_dir}",
         flush=True,
     )
+    print(f"node {opts.name}: {job_users.describe()}; {limits.describe()}", flush=True)
     listener = None
     if opts.nudge_url:
         listener = NudgeListener(opts.nudge_url, opts.name, agent.nudge)

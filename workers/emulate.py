@@ -36,6 +36,14 @@ a mean over one report period, with one or two iterations in it, made the live S
 The emulator wakes at each iteration's end, so the completion times it measures are exact to
 the sleep's accuracy, not to a tick.
 
+**Checkpoints** (docs/preemption.md): with ``$COSCHED_CHECKPOINT_DIR`` set (the node agent sets
+it: one directory per job, kept across its attempts), the emulator writes its progress to
+``emulate.json`` there every ``--checkpoint-every`` seconds of work (default 5; 0: only on a
+signal) and on SIGTERM / SIGINT, before it exits; a later attempt of the same job (same profile)
+resumes from the fraction saved there instead of from 0 (``start`` says ``resumed_from``, and a
+``checkpoint`` line reports each save). The fraction, not the seconds, is saved: the next attempt
+may run on another GPU model. ``--no-resume`` ignores a saved checkpoint.
+
 **Exit codes**: 0 when done; ``--exit-code`` (default 1) once progress reaches ``--fail-at``;
 143 on SIGTERM and 130 on SIGINT (after a ``term`` line); 2 on a usage or profile error.
 """
@@ -64,6 +72,9 @@ from workers.profiles import (
 from workers.report_lines import format_report
 
 GPU_MODEL_ENV = "COSCHED_GPU_MODEL"
+CHECKPOINT_DIR_ENV = "COSCHED_CHECKPOINT_DIR"
+ATTEMPT_ENV = "COSCHED_ATTEMPT"
+CHECKPOINT_FILE = "emulate.json"
 # A progress line's iteration time is a mean over at least this many completed iterations once
 # the run has them (see the module docstring).
 MIN_WINDOW_ITERS = 5
@@ -86,6 +97,9 @@ class RunPlan:
     epochs: int
     fail_at: float | None
     exit_code: int
+    checkpoint_dir: str | None = None
+    resume_fraction: float = 0.0  # of the work, saved by an earlier attempt
+    attempt: str = ""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,13 +119,54 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps-json", help="memory steps replacing the profile's (JSON list)")
     parser.add_argument("--report-every", type=float, default=1.0, help="seconds of work")
     parser.add_argument("--tick", type=float, default=0.05, help="sleep granularity, seconds")
+    parser.add_argument(
+        "--checkpoint-every",
+        type=float,
+        default=5.0,
+        help="seconds of work between checkpoints in $COSCHED_CHECKPOINT_DIR (0: on signals only)",
+    )
+    parser.add_argument(
+        "--no-resume", action="store_true", help="start from 0 even if a checkpoint exists"
+    )
     return parser
+
+
+def read_checkpoint(directory: str | None, profile: str) -> float:
+    """The fraction of the work an earlier attempt saved in ``directory`` for ``profile``
+    (0.0 when there is none, it is unreadable or it is another profile's)."""
+    if not directory:
+        return 0.0
+    try:
+        with open(os.path.join(directory, CHECKPOINT_FILE), encoding="utf-8") as f:
+            data = json.load(f)
+        fraction = float(data["fraction"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0.0
+    if data.get("profile") != profile or not 0.0 <= fraction <= 1.0:
+        return 0.0
+    return fraction
+
+
+def write_checkpoint(directory: str, profile: str, fraction: float, attempt: str) -> None:
+    """Save ``fraction`` atomically (a reader sees the old checkpoint or the new one) and on
+    disk (the node may die right after)."""
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, CHECKPOINT_FILE)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    data = {"profile": profile, "fraction": fraction, "attempt": attempt, "at": time.time()}
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def plan_run(args: argparse.Namespace, env: Mapping[str, str]) -> RunPlan:
     """Resolve the profile, GPU model and run time from the arguments and environment."""
     if args.scale <= 0 or args.iterations < 1 or args.epochs < 1 or args.tick <= 0:
         raise EmulatorError("--scale, --iterations, --epochs and --tick must be positive")
+    if args.checkpoint_every < 0:
+        raise EmulatorError("--checkpoint-every must be >= 0")
     if args.epochs > args.iterations:
         raise EmulatorError("--epochs may not exceed --iterations")
     if args.fail_at is not None and not 0.0 <= args.fail_at <= 1.0:
@@ -150,6 +205,8 @@ def plan_run(args: argparse.Namespace, env: Mapping[str, str]) -> RunPlan:
         )
     if run_s <= 0:
         raise EmulatorError(f"run time must be positive, got {run_s}")
+    checkpoint_dir = env.get(CHECKPOINT_DIR_ENV) or None
+    resume = 0.0 if args.no_resume else read_checkpoint(checkpoint_dir, profile.name)
     return RunPlan(
         profile=profile,
         gpu_model=gpu_model,
@@ -160,6 +217,9 @@ def plan_run(args: argparse.Namespace, env: Mapping[str, str]) -> RunPlan:
         epochs=args.epochs,
         fail_at=args.fail_at,
         exit_code=args.exit_code,
+        checkpoint_dir=checkpoint_dir,
+        resume_fraction=resume,
+        attempt=env.get(ATTEMPT_ENV, ""),
     )
 
 
@@ -178,7 +238,7 @@ def _emit(event: str, **fields: object) -> None:
     print(format_report(event, **fields), flush=True)
 
 
-def run(plan: RunPlan, *, report_every: float, tick: float) -> int:
+def run(plan: RunPlan, *, report_every: float, tick: float, checkpoint_every: float = 0.0) -> int:
     """Emulate the run; returns the exit code. Prints report lines on stdout."""
     stop = _Signals()
     signal.signal(signal.SIGTERM, stop)
@@ -199,18 +259,34 @@ def run(plan: RunPlan, *, report_every: float, tick: float) -> int:
         epochs=plan.epochs,
         steps=len(profile.memory_steps),
         pid=os.getpid(),
+        resumed_from=round(plan.resume_fraction, 6),
     )
 
     wall_start = time.monotonic()
     last = wall_start
-    active = 0.0
-    last_report = 0.0  # active seconds at the previous progress line
-    epoch = 0
-    epoch_start = (0.0, 0)
-    step = step_index_at(profile, 0.0)
+    # A resumed run starts where the checkpoint left it (the work of earlier attempts is done).
+    active = plan.resume_fraction * plan.run_s
+    first_iter = min(iters, int(active / iter_s + 1e-9))
+    last_report = active  # active seconds at the previous progress line
+    last_checkpoint = active
+    epoch = sum(1 for end in epoch_iters if end <= first_iter)  # reported by earlier attempts
+    epoch_start = (first_iter * iter_s, first_iter)
+    step = step_index_at(profile, plan.resume_fraction)
     # (iterations done, active seconds when that count was first seen), the latest last; spans
     # at least MIN_WINDOW_ITERS iterations once full.
-    completions: deque[tuple[float, int]] = deque([(0.0, 0)], maxlen=MIN_WINDOW_ITERS + 1)
+    completions: deque[tuple[float, int]] = deque([epoch_start], maxlen=MIN_WINDOW_ITERS + 1)
+
+    def checkpoint(fraction: float) -> None:
+        nonlocal last_checkpoint
+        last_checkpoint = active
+        if plan.checkpoint_dir is None:
+            return
+        try:
+            write_checkpoint(plan.checkpoint_dir, profile.name, fraction, plan.attempt)
+        except OSError as exc:
+            print(f"workers.emulate: checkpoint not written: {exc}", file=sys.stderr, flush=True)
+            return
+        _emit("checkpoint", fraction=round(fraction, 6), attempt=plan.attempt or "none")
 
     def mean_iter_time() -> float:
         """Mean active seconds per completed iteration: over the current epoch, or over the
@@ -238,10 +314,11 @@ def run(plan: RunPlan, *, report_every: float, tick: float) -> int:
         )
         last_report = active
 
-    progress_line(0.0, 0)
+    progress_line(plan.resume_fraction, first_iter)
     while True:
         if stop.received is not None:
             fraction = min(1.0, active / plan.run_s)
+            checkpoint(fraction)
             name = signal.Signals(stop.received).name
             code = 128 + stop.received
             _emit("term", fraction=round(fraction, 4), signal=name, exit_code=code)
@@ -290,6 +367,8 @@ def run(plan: RunPlan, *, report_every: float, tick: float) -> int:
         if new_step != step or active - last_report >= report_every:
             step = new_step
             progress_line(fraction, done)
+        if checkpoint_every > 0 and active - last_checkpoint >= checkpoint_every:
+            checkpoint(fraction)
 
         # wake at the end of the running iteration, so its measured completion time is exact
         to_next_iter = (done + 1) * iter_s - active if done < iters else tick
@@ -308,7 +387,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except EmulatorError as exc:
         print(f"workers.emulate: {exc}", file=sys.stderr)
         return 2
-    return run(plan, report_every=args.report_every, tick=args.tick)
+    return run(
+        plan,
+        report_every=args.report_every,
+        tick=args.tick,
+        checkpoint_every=args.checkpoint_every,
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Launching and controlling a job's process on a node (DESIGN.md, Node agent).
 
 - ``build_env`` / ``job_env``: the environment a placement implies: ``CUDA_VISIBLE_DEVICES``
-  (GPU indices in PCI bus order, the MIG instance UUID under MIG, ``""`` for a CPU job), the MPS
+  (GPU indices in PCI bus order, the MIG instance UUID under MIG, ``""`` for a CPU job) and
+  ``NVIDIA_VISIBLE_DEVICES`` (the same; ``void`` for a CPU job), the MPS
   pipe/log directories and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` under MPS, and ``COSCHED_*``
   variables describing the job to itself (``COSCHED_JOB_ID``, ``COSCHED_NODE``,
   ``COSCHED_GPU_INDICES``, ``COSCHED_SHARING_MODE``, ``COSCHED_GPU_MODEL``, ...). ``build_env``
@@ -137,18 +138,23 @@ def job_env(
         "COSCHED_SHARING_MODE": mode.value if indices else "cpu",
         "PYTHONUNBUFFERED": "1",  # Python jobs' output reaches the log as it is printed
     }
+    # NVIDIA_VISIBLE_DEVICES: the same devices for a container the job starts itself with the
+    # NVIDIA container runtime ("void": none at all for a CPU placement).
     if not indices:
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU placement must not touch any GPU
+        env["NVIDIA_VISIBLE_DEVICES"] = "void"
     elif mode is SharingMode.MIG:
         if not mig_uuid:
             raise LaunchError(f"job {placement.job_id}: a MIG placement needs the instance UUID")
         env["CUDA_VISIBLE_DEVICES"] = mig_uuid
+        env["NVIDIA_VISIBLE_DEVICES"] = mig_uuid
         env["COSCHED_MIG_UUID"] = mig_uuid
         if placement.mig_profile:
             env["COSCHED_MIG_PROFILE"] = placement.mig_profile
     else:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # so indices mean what NVML and nvidia-smi say
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, indices))
+        env["NVIDIA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
     if indices and mode is SharingMode.MPS:
         if mps_pipe_dir is not None:
             env["CUDA_MPS_PIPE_DIRECTORY"] = os.fspath(mps_pipe_dir)
@@ -427,7 +433,7 @@ def docker_run_argv(
         pipe = os.fspath(mps_pipe_dir)
         argv += ["--ipc=host", "-v", f"{pipe}:{pipe}"]
     for key, value in env.items():
-        if gpu_devices and key in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
+        if gpu_devices and key in _CONTROLLED:  # --gpus decides what the container sees
             continue
         argv += ["-e", f"{key}={value}"]
     if workdir:

@@ -73,7 +73,13 @@ RUN_STATES = ("starting", "running", "paused", "stopping")
 #   lease_expired  the node's lease ran out without renewal: the runner stopped it
 #   launch_failed  it could not start (no such command, bad placement, ...)
 #   lost           the agent lost track of it (its runner vanished); its processes were killed
-OUTCOMES = ("exited", "killed", "stopped", "lease_expired", "launch_failed", "lost")
+#   time_limit     it ran past its time limit (``AttemptSpec.time_limit_s``): the runner
+#                  stopped it (SIGTERM, then SIGKILL after the grace)
+OUTCOMES = ("exited", "killed", "stopped", "lease_expired", "launch_failed", "lost", "time_limit")
+#: SIGTERM, then SIGKILL after this many seconds, when the agent stops an attempt that is no
+#: longer desired (preempted, requeued, cancelled) or over its time limit; the portal's
+#: ``COSCHED_STOP_GRACE_S`` overrides it (``SyncReply.stop_grace_s``).
+DEFAULT_STOP_GRACE_S = 10.0
 
 
 class ProtocolError(ValueError):
@@ -298,6 +304,8 @@ class AttemptSpec:
     ``env``: variables the portal adds to the job's environment (after the agent's own).
     ``profile``: the application profile in the JSON form of ``workers.profiles``, or None.
     ``parts``: every node of the attempt in node-rank order; ``node_rank`` is the receiver's.
+    ``time_limit_s``: the job's time limit for this attempt (running time, pauses excluded);
+    past it the runner stops the job and the result's outcome is ``time_limit``.
     """
 
     job_id: int
@@ -317,6 +325,9 @@ class AttemptSpec:
     job_kind: str = "other"
     job_type: str | None = None
     gpu_memory_mb: float | None = None
+    owner: str = ""  # the portal user; the node runs the job as their account (isolation)
+    memory_mb: int | None = None  # the job's memory (per node), for its cgroup
+    time_limit_s: float | None = None
 
     @property
     def key(self) -> AttemptKey:
@@ -350,6 +361,9 @@ class AttemptSpec:
             "job_kind": self.job_kind,
             "job_type": self.job_type,
             "gpu_memory_mb": self.gpu_memory_mb,
+            "owner": self.owner,
+            "memory_mb": self.memory_mb,
+            "time_limit_s": self.time_limit_s,
         }
 
     @classmethod
@@ -366,6 +380,9 @@ class AttemptSpec:
         pct = r.int("mps_percentage", required=False)
         if pct is not None and not 1 <= pct <= 100:
             raise ProtocolError(f"{path}.mps_percentage: {pct} not in 1..100")
+        limit = r.float("time_limit_s", required=False)
+        if limit is not None and limit <= 0:
+            raise ProtocolError(f"{path}.time_limit_s: must be positive, got {limit}")
         return cls(
             job_id=r.int("job_id", minimum=1),
             attempt=r.int("attempt", minimum=1),
@@ -384,6 +401,9 @@ class AttemptSpec:
             job_kind=r.str("job_kind", required=False, default="other"),
             job_type=r.str("job_type", required=False) or None,
             gpu_memory_mb=r.float("gpu_memory_mb", required=False),
+            owner=r.str("owner", required=False, limit=150),
+            memory_mb=r.int("memory_mb", required=False, minimum=1),
+            time_limit_s=limit,
         )
 
 
@@ -637,6 +657,9 @@ class SyncReply:
     SIGKILL). ``acked``: results recorded (the agent may forget them). ``desired``: every
     attempt this node should run now; nothing else. ``send_info``: the portal does not know this
     node (yet): sync again with ``info``; nothing else in the reply counts then.
+    ``stop_grace_s``: between SIGTERM and SIGKILL when the agent stops an attempt that is not
+    desired any more (preempted, requeued, cancelled) and when one runs past its time limit, so
+    the job can checkpoint.
     """
 
     node: str
@@ -647,6 +670,7 @@ class SyncReply:
     desired: tuple[AttemptSpec, ...] = ()
     send_info: bool = False
     resync_from: int | None = None
+    stop_grace_s: float = DEFAULT_STOP_GRACE_S
     version: int = PROTOCOL_VERSION
 
     @property
@@ -666,6 +690,7 @@ class SyncReply:
                 "desired": [a.to_dict() for a in self.desired],
                 "send_info": self.send_info,
                 "resync_from": self.resync_from,
+                "stop_grace_s": self.stop_grace_s,
             }
         )
 
@@ -678,6 +703,7 @@ class SyncReply:
         lease = r.float("lease_s")
         if lease <= 0:
             raise ProtocolError("lease_s: must be positive")
+        grace = r.float("stop_grace_s", required=False)  # absent from older portals
         return cls(
             version=version,
             node=r.str("node"),
@@ -688,6 +714,7 @@ class SyncReply:
             desired=tuple(r.list("desired", AttemptSpec.read)),
             send_info=r.bool("send_info"),
             resync_from=r.int("resync_from", required=False, minimum=1),
+            stop_grace_s=max(0.0, grace if grace is not None else DEFAULT_STOP_GRACE_S),
         )
 
 

@@ -9,7 +9,8 @@ One report per line, mixed freely with the job's own output (which the agent ign
 ``workers.emulate`` (the training SDK may add more; readers must ignore unknown events and keys):
 
 - ``start``: ``profile``, ``gpu_model`` (or ``none``), ``solo_s``, ``scale``, ``run_s`` (active
-  seconds the run will take), ``iters``, ``epochs``, ``steps``, ``pid``
+  seconds the run will take), ``iters``, ``epochs``, ``steps``, ``pid``, ``resumed_from``
+  (fraction of the work a checkpoint of an earlier attempt had saved; 0 for a fresh start)
 - ``progress``: ``fraction`` (0..1 of the work), ``iter`` and ``iters`` (done / total),
   ``iter_time_s`` (mean active seconds per iteration in the current epoch, over at least the
   last few completed iterations; see ``workers.emulate``), ``step``
@@ -20,6 +21,7 @@ One report per line, mixed freely with the job's own output (which the agent ign
 - ``done``: ``iters``, ``active_s``, ``elapsed_s``
 - ``fail``: ``fraction``, ``exit_code``
 - ``term``: ``fraction``, ``signal`` (e.g. ``SIGTERM``), ``exit_code``
+- ``checkpoint``: ``fraction`` saved in ``$COSCHED_CHECKPOINT_DIR``, ``attempt``
 """
 
 from __future__ import annotations

@@ -5,10 +5,13 @@
 The node agent starts it in its own session, so a ``kill -9`` or a ``SIGSTOP`` of the agent
 leaves it alone. It starts the job (a shell command in a session of its own, so pause / resume /
 kill reach the job's children too), waits for it, and writes how it ended to ``result.json``.
-It enforces the node's **lease**: when the lease file says the lease has run out without renewal
-(the agent could not reach the portal, or is frozen, or dead), it stops the job itself (SIGTERM,
-then SIGKILL after the lease's grace), so the portal may start the job again elsewhere once the
-lease plus a margin has passed and two attempts never run at once.
+It enforces the job's **time limit** (``time_limit_s``: running time of this attempt; time the
+job spends stopped by a pause is not counted): past it, SIGTERM, then SIGKILL after the grace,
+and the result's outcome is ``time_limit``. It enforces the node's **lease**: when the lease
+file says the lease has run out without renewal (the agent could not reach the portal, or is
+frozen, or dead), it stops the job itself (SIGTERM, then SIGKILL after the lease's grace), so
+the portal may start the job again elsewhere once the lease plus a margin has passed and two
+attempts never run at once.
 
 Once the job has ended it wakes the agent (a byte into the agent's FIFO) and stays until the
 agent has the result acknowledged (the attempt directory goes). If the agent has not done so
@@ -21,7 +24,10 @@ Files (JSON, each written atomically: a temporary file renamed into place):
 - ``ATTEMPT_DIR/spec.json`` (agent, before the start): ``argv``, ``env``, ``cwd``, ``log``,
   ``lease_file``, ``lease_deadline`` (``lease_clock`` s; used while the lease file is missing),
   ``wake_fifo``, ``report`` (``url``, ``token_file``, ``node``, ``job_id``, ``attempt``; absent
-  in-process), ``report_after_s``, ``ack_wait_s`` (how long to stay for the acknowledgement).
+  in-process), ``report_after_s``, ``ack_wait_s`` (how long to stay for the acknowledgement),
+  ``time_limit_s`` and ``time_limit_grace_s`` (optional: the job's time limit, counted in
+  running time, and the SIGTERM-to-SIGKILL grace when it is reached), ``checkpoint_dir``
+  (optional: created with the working directory; kept across the job's attempts).
 - ``ATTEMPT_DIR/runner.json`` (runner, at once): ``pid``, ``start_ticks`` (its start time in
   clock ticks since boot: a reused pid is not mistaken for it).
 - ``ATTEMPT_DIR/job.json`` (runner, once the job started): ``pid``, ``pgid``, ``start_ticks``,
@@ -51,6 +57,8 @@ import subprocess
 import sys
 import threading
 import time
+
+from workers import isolation
 
 SPEC = "spec.json"
 RUNNER = "runner.json"
@@ -161,6 +169,7 @@ class Runner:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started_at: float | None = None
         self.result: dict | None = None
+        self.isolation = isolation.JobLaunch(None)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._wake_r, False)
@@ -277,24 +286,35 @@ class Runner:
         acked = answer.get("acked") if isinstance(answer, dict) else None
         return response.status == 200 and bool(acked)
 
+    def job_dirs(self) -> list[str]:
+        """The job's own directories, created before it starts: its working directory and its
+        checkpoint directory (``COSCHED_CHECKPOINT_DIR``, kept across attempts)."""
+        return [str(d) for d in (self.spec["cwd"], self.spec.get("checkpoint_dir")) if d]
+
     def _start(self) -> bool:
         spec = self.spec
         log = str(spec["log"])
+        # Isolation (workers.isolation): the job's account, its private log and working
+        # directory, its cgroup; applied in the child before exec.
+        self.isolation = iso = isolation.JobLaunch(spec.get("isolation"))
         try:
-            os.makedirs(os.path.dirname(log) or ".", exist_ok=True)
-            os.makedirs(str(spec["cwd"]), exist_ok=True)
+            iso.prepare(log, str(spec["cwd"]), private_dirs=self.job_dirs())
             with open(log, "ab") as out:
+                if iso.cgroup_error:
+                    out.write(f"[cosched] no cgroup limits: {iso.cgroup_error}\n".encode())
+                    out.flush()
                 self.proc = subprocess.Popen(
                     spec["argv"],
-                    env=dict(spec["env"]),
+                    env=iso.env(spec["env"], str(spec["cwd"])),
                     cwd=spec["cwd"],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     close_fds=True,
+                    preexec_fn=iso.preexec,  # the runner has one thread: fork-safe
                 )
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             self._finish("launch_failed", None, f"cannot start the command: {exc}")
             return False
         self.started_at = time.time()
@@ -308,6 +328,13 @@ class Runner:
             },
         )
         return True
+
+    def _job_stopped(self) -> bool:
+        """Is the job's main process stopped (paused by SIGSTOP)? Paused time is not running
+        time for the time limit."""
+        assert self.proc is not None
+        fields = _stat_fields(self.proc.pid)
+        return bool(fields) and fields[0] in ("T", "t")
 
     def _signal_group(self, signum: int) -> None:
         assert self.proc is not None
@@ -360,9 +387,22 @@ class Runner:
         with contextlib.suppress(AttributeError, OSError):
             pidfd = os.pidfd_open(self.proc.pid)
         outcome, detail = "exited", ""
+        limit = self.spec.get("time_limit_s")
+        limit = float(limit) if limit else None
+        running_s, last = 0.0, time.monotonic()
         while True:
             code = self._wait(CHECK_EVERY_S, pidfd)
             if code is not None:
+                break
+            now = time.monotonic()
+            if not self._job_stopped():
+                running_s += now - last
+            last = now
+            if limit is not None and running_s >= limit:
+                outcome = "time_limit"
+                detail = f"time limit {format_seconds(limit)} reached: the runner stopped the job"
+                grace = float(self.spec.get("time_limit_grace_s", DEFAULT_GRACE_S))
+                code = self._stop(grace, pidfd)
                 break
             stop = self._stop_request()
             if stop is not None:
@@ -375,14 +415,24 @@ class Runner:
                 detail = "the node's lease ran out without renewal: the runner stopped the job"
                 code = self._stop(self.lease()[1], pidfd)
                 break
-        # Children that outlived the job's main process go with it.
+        # Children that outlived the job's main process go with it (and, with a cgroup, any
+        # process of the job that left its process group).
         self._signal_group(signal.SIGKILL)
+        self.isolation.cleanup()
         if outcome == "exited":
             detail = describe_status(code)
         else:
             detail = f"{detail} ({describe_status(code)})"
         self._finish(outcome, code, detail)
         return 0
+
+
+def format_seconds(seconds: float) -> str:
+    """``HH:MM:SS`` (``D-HH:MM:SS`` from a day on), as ``scheduler.durations`` writes limits."""
+    total = max(0, int(round(seconds)))
+    days, rest = divmod(total, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock
 
 
 def describe_status(code: int | None) -> str:

@@ -107,6 +107,33 @@ class ProfileRefField(serializers.Field):
         raise serializers.ValidationError(f"no profile is named {text!r}")
 
 
+@extend_schema_field(
+    {
+        "oneOf": [{"type": "integer"}, {"type": "string"}],
+        "nullable": True,
+        "description": (
+            "time limit per attempt: seconds (7200), a number with a unit (90s, 30m, 2h, 1d) or "
+            "[D-]HH:MM:SS (1-00:00:00); read back in seconds. Past it the job is stopped "
+            "(SIGTERM, then SIGKILL after the grace) and ends FAILED, reason 'time limit'. "
+            "Blank: the profile's default time limit, if any"
+        ),
+    }
+)
+class TimeLimitField(serializers.Field):
+    """A duration in any form of ``scheduler.durations``; represented in seconds."""
+
+    def to_representation(self, value: Any) -> int | None:
+        return None if value is None else int(value)
+
+    def to_internal_value(self, data: Any) -> int:
+        from scheduler.durations import DurationError, parse_duration
+
+        try:
+            return parse_duration(data)
+        except DurationError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
 class PlacementSerializer(serializers.Serializer):
     node = serializers.CharField(source="node.name")
     gpus = serializers.SerializerMethodField(help_text="GPU indices on the node")
@@ -143,13 +170,18 @@ class AttemptSerializer(serializers.Serializer):
     attempt = serializers.IntegerField()
     active = serializers.BooleanField()
     nodes = serializers.SerializerMethodField(help_text="node names, node rank order")
+    gpus = serializers.SerializerMethodField(
+        help_text='GPUs of every node, "node/index", node rank order (empty: CPU)'
+    )
     placed_at = serializers.DateTimeField(source="created_at")
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(source="released_at", allow_null=True)
     outcome = serializers.CharField(
-        help_text="completed, failed, cancelled or requeued; empty while it is current"
+        help_text="completed, failed, cancelled, requeued or preempted; empty while it is current"
     )
-    end_reason = serializers.CharField()
+    end_reason = serializers.CharField(
+        help_text="why it ended; for a preempted attempt, the policy's explanation or who asked"
+    )
     exit_code = serializers.SerializerMethodField()
     parts = serializers.SerializerMethodField()
 
@@ -158,6 +190,9 @@ class AttemptSerializer(serializers.Serializer):
 
     def get_nodes(self, placement: Any) -> list[str]:
         return [p.node.name for p in self._parts(placement)]
+
+    def get_gpus(self, placement: Any) -> list[str]:
+        return [f"{p.node.name}/{i}" for p in self._parts(placement) for i in p.gpu_indices or ()]
 
     @extend_schema_field(serializers.IntegerField(allow_null=True))
     def get_exit_code(self, placement: Any) -> int | None:
@@ -237,6 +272,12 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         allow_null=True,
         help_text="elastic jobs: the largest global batch (local batch x workers)",
     )
+    time_limit = TimeLimitField(source="time_limit_s", required=False, allow_null=True)
+    end_label = serializers.CharField(
+        read_only=True,
+        help_text='why beside a final state: "time limit" for a job stopped at its time limit; '
+        "else empty",
+    )
     owner = serializers.CharField(source="owner.get_username", read_only=True)
     profile_name = serializers.CharField(
         source="profile.name", read_only=True, allow_null=True, default=None
@@ -274,6 +315,7 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "elastic_deadline_s",
             "elastic_value_per_hour",
             "max_global_batch",
+            "time_limit",
             "state",
             "owner",
             "submitted_at",
@@ -283,6 +325,7 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "exit_code",
             "failure_reason",
             "requeue_count",
+            "end_label",
             "waiting_reason",
             "profile_name",
             "placement",
@@ -399,6 +442,21 @@ class JobDetailSerializer(JobSerializer):
 
 class ErrorSerializer(serializers.Serializer):
     detail = serializers.CharField()
+
+
+class PreemptSerializer(serializers.Serializer):
+    reason = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=500,
+        help_text="why (shown on the job page's attempts); default: who preempted it",
+    )
+
+    def validate_reason(self, value: str) -> str:
+        problem = validation.text_error(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value.strip()
 
 
 class CancelConflictSerializer(serializers.Serializer):

@@ -35,6 +35,7 @@ from portal.api.serializers import (
     JobSerializer,
     MeSerializer,
     NodeSerializer,
+    PreemptSerializer,
     ProfileImportSerializer,
     ProfileSerializer,
 )
@@ -260,6 +261,46 @@ class JobViewSet(
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         return self._control(request, "resume")
+
+    @extend_schema(
+        summary="Preempt a job (staff)",
+        description=(
+            "Stops a SCHEDULED, RUNNING or PAUSED job and puts it back in the queue: its node "
+            "sends SIGTERM, then SIGKILL after the grace (COSCHED_STOP_GRACE_S), so the job can "
+            "checkpoint to COSCHED_CHECKPOINT_DIR; the attempt ends 'preempted' with the reason "
+            "given, and the scheduler places the job again. Any other state is a 409; a user "
+            "who is not staff gets a 403."
+        ),
+        request=PreemptSerializer,
+        responses={
+            200: JobSerializer,
+            403: ErrorSerializer,
+            404: ErrorSerializer,
+            409: OpenApiResponse(CancelConflictSerializer, description="the job is not placed"),
+        },
+    )
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def preempt(self, request: Request, pk: str | None = None) -> Response:
+        body = PreemptSerializer(data=request.data or {})
+        body.is_valid(raise_exception=True)
+        job = self.get_object()
+        actor = f"user:{request.user.get_username()}"
+        reason = body.validated_data.get("reason") or f"preempted by {actor}"
+        try:
+            job = services.job_preempt(job, actor=actor, reason=reason)
+        except IllegalTransition as exc:
+            return Response(
+                {
+                    "detail": (
+                        f"job {job.pk} is {exc.current}: only a SCHEDULED, RUNNING or PAUSED job "
+                        "can be preempted"
+                    ),
+                    "state": exc.current,
+                },
+                status=status.HTTP_409_CONFLICT,
+            )
+        job = selectors.job_for_user(request.user, job.pk)
+        return Response(JobSerializer(job, context=self.get_serializer_context()).data)
 
 
 @extend_schema_view(

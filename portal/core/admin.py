@@ -114,7 +114,14 @@ class ApplicationProfileAdmin(admin.ModelAdmin):
         ("Input parameters", {"fields": ["batch_size", "image_size", "dataset", "args"]}),
         (
             "Run time and memory",
-            {"fields": ["cpu_time_s", "gpu_memory_max_mb", "gpu_memory_avg_mb"]},
+            {
+                "fields": [
+                    "cpu_time_s",
+                    "gpu_memory_max_mb",
+                    "gpu_memory_avg_mb",
+                    "default_time_limit_s",
+                ]
+            },
         ),
         (
             "Utilisation",

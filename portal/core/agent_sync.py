@@ -9,7 +9,8 @@ the node's row (so syncs of one node, and the lost-node check, are serialised):
 3. **results** (``AttemptResult``): recorded on the attempt's part exactly once
    (``reported_at``, a conditional update; a repeat is only acknowledged). For the job's current
    attempt it decides the job: exit 0 (every rank) -> COMPLETED, another exit -> FAILED, a
-   launch failure -> FAILED, stopped / lease run out / lost -> back to PENDING. A result of a
+   launch failure -> FAILED, over its time limit -> FAILED (reason "time limit"), stopped /
+   lease run out / lost -> back to PENDING. A result of a
    superseded attempt only lands on that attempt's row and the timeline;
 4. **running** (``RunningAttempt``): a part reported for the first time has started; when every
    part of the attempt has, the job goes SCHEDULED -> RUNNING;
@@ -45,7 +46,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.core import adapters
-from portal.core.models import Gpu, Job, Node, Placement, PlacementPart
+from portal.core.models import TIME_LIMIT_REASON, Gpu, Job, Node, Placement, PlacementPart
 from portal.core.nodes import lease_kill_grace_s, lease_s, node_register
 from portal.core.outbox import emit_nudges, emit_schedule, outbox_due, outbox_relay
 from portal.core.services import job_note, job_transition
@@ -75,12 +76,18 @@ def sync_interval_s() -> float:
     return float(settings.COSCHED["SYNC_INTERVAL_S"])
 
 
+def stop_grace_s() -> float:
+    """SIGTERM to SIGKILL when a node stops a job (preemption, cancel, time limit)."""
+    return max(0.0, float(settings.COSCHED.get("STOP_GRACE_S", 10.0)))
+
+
 def _reply(node: str, **kw: Any) -> SyncReply:
     return SyncReply(
         node=node,
         lease_s=lease_s(),
         lease_kill_grace_s=lease_kill_grace_s(),
         sync_interval_s=sync_interval_s(),
+        stop_grace_s=stop_grace_s(),
         **kw,
     )
 
@@ -281,6 +288,15 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
             exit_code=result.exit_code,
             failure_reason=f"{result.detail}{rank}",
         )
+    elif result.outcome == "time_limit":
+        _finish(
+            job,
+            JobState.FAILED,
+            actor,
+            f"{result.detail} on {node.name}{rank}",
+            exit_code=result.exit_code,
+            failure_reason=_time_limit_reason(result.detail) + rank,
+        )
     elif result.outcome == "launch_failed":
         _finish(
             job, JobState.FAILED, actor, result.detail, exit_code=None, failure_reason=result.detail
@@ -289,6 +305,13 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
         _finish(job, JobState.PENDING, actor, f"{where}{rank} ended: {result.detail}")
     emit_nudges({p.node.name for p in placement.parts.all()} - {node.name}, f"job {job.pk} ended")
     emit_schedule(f"job {job.pk} finished")
+
+
+def _time_limit_reason(detail: str) -> str:
+    """``Job.failure_reason`` of a job stopped at its time limit: it begins "time limit"."""
+    if detail.startswith(TIME_LIMIT_REASON):
+        return detail
+    return f"{TIME_LIMIT_REASON}: {detail}"
 
 
 def _finish(job: Job, target: JobState, actor: str, message: str, **fields: Any) -> None:
@@ -393,7 +416,7 @@ def _desired(node: Node, now: datetime) -> list[AttemptSpec]:
             placement__active=True,
             placement__job__state__in=list(PLACED),
         )
-        .select_related("placement", "placement__job")
+        .select_related("placement", "placement__job", "placement__job__owner")
         .order_by("placement__job_id")
     )
     if not parts:
@@ -479,6 +502,9 @@ def _spec(
         job_kind=job.kind,
         job_type=(job.params or {}).get("job_type") if isinstance(job.params, dict) else None,
         gpu_memory_mb=float(job.gpu_memory_mb) if job.gpu_memory_mb else None,
+        owner=job.owner.get_username(),  # the node maps it to a unix account (isolation)
+        memory_mb=job.memory_mb or None,
+        time_limit_s=float(job.time_limit_s) if job.time_limit_s else None,
         **common,
     )
 

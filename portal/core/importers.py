@@ -158,6 +158,10 @@ def _number(raw: Any, *, integer: bool) -> float | int:
 def _clean_field(name: str, raw: Any) -> Any:
     """Convert and check one field value; raises ValueError with a readable message."""
     model_field = PROFILE_FIELDS[name]
+    if name == "default_time_limit_s":  # seconds, or any form of scheduler.durations
+        from scheduler.durations import parse_duration
+
+        return parse_duration(raw)
     if isinstance(model_field, models.JSONField):
         if isinstance(raw, str):
             try:

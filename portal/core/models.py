@@ -20,6 +20,8 @@ JOB_KINDS = [
     ("hpc", "HPC"),
     ("other", "Other"),
 ]
+#: How ``Job.failure_reason`` begins when the job ran past its time limit.
+TIME_LIMIT_REASON = "time limit"
 SHARING_MODES = [
     ("exclusive", "Exclusive"),
     ("time_slicing", "Time-slicing"),
@@ -89,6 +91,11 @@ class ApplicationProfile(models.Model):
     # §4: job descriptors
     cm_ratio = models.FloatField(null=True, blank=True, help_text="SM util / memory util")
     sensitivity = models.FloatField(null=True, blank=True)
+
+    # The time limit of jobs using this profile that do not give one (scheduler.durations).
+    default_time_limit_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="seconds; jobs that give no time limit get this one"
+    )
 
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -269,6 +276,9 @@ class Job(models.Model):
     max_global_batch = models.PositiveIntegerField(null=True, blank=True)
     elastic_state = models.JSONField(default=dict, blank=True)
     priority = models.IntegerField(default=0)
+    # Per attempt: the node stops the job (SIGTERM, then SIGKILL) when an attempt runs longer;
+    # it ends FAILED with the reason "time limit" (scheduler.durations for the forms it takes).
+    time_limit_s = models.PositiveIntegerField(null=True, blank=True, help_text="seconds")
 
     state = models.CharField(
         max_length=16, choices=[(s.value, s.value) for s in JobState], default=JobState.PENDING
@@ -310,6 +320,13 @@ class Job(models.Model):
         from portal.core.states import TERMINAL
 
         return self.state in TERMINAL
+
+    @property
+    def end_label(self) -> str:
+        """A short why beside a final state ("time limit"), else ""."""
+        if self.state == JobState.FAILED and self.failure_reason.startswith(TIME_LIMIT_REASON):
+            return TIME_LIMIT_REASON
+        return ""
 
     @property
     def current_placement(self) -> Placement | None:
@@ -379,6 +396,7 @@ class Placement(models.Model):
         FAILED = "failed", "Failed"
         CANCELLED = "cancelled", "Cancelled"
         REQUEUED = "requeued", "Requeued"
+        PREEMPTED = "preempted", "Preempted"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="placements")
     attempt = models.PositiveIntegerField(default=None, help_text="1, 2, ... per job")

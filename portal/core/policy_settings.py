@@ -141,6 +141,69 @@ _KNOWN: dict[str, ParamSpec] = {
         ParamSpec(
             "priority_features", MAPPING, "feature weights of the pause priority", nullable=True
         ),
+        # hetero_srtf (scheduler/policies/hetero_srtf.py; docs/policies.md)
+        ParamSpec(
+            "aging",
+            FLOAT,
+            "hetero_srtf: weight of a job's age (in multiples of its own length) in its "
+            "shortest-remaining-time key; above 0 no job starves",
+            0,
+            100,
+        ),
+        ParamSpec(
+            "preemption_cost_s",
+            FLOAT,
+            "hetero_srtf: estimated checkpoint-and-restart seconds; a preemption or move must "
+            "save more than this",
+            0,
+            1e7,
+        ),
+        ParamSpec(
+            "preempt_margin",
+            FLOAT,
+            "hetero_srtf: a waiting job must be this fraction shorter than a running one to "
+            "preempt it",
+            0,
+            0.99,
+        ),
+        ParamSpec(
+            "max_preemptions",
+            INT,
+            "hetero_srtf: preemptions (moves included) of one job before it keeps its GPUs",
+            0,
+            10_000,
+        ),
+        ParamSpec(
+            "pack_threshold",
+            FLOAT,
+            "hetero_srtf: pack two jobs on a GPU under MPS when their measured pair throughput "
+            "reaches this many jobs' worth (0: never)",
+            0,
+            2,
+        ),
+        ParamSpec(
+            "ftf_cap",
+            FLOAT,
+            "hetero_srtf: jobs whose predicted finish-time-fairness ratio reaches this go first "
+            "(0: off)",
+            0,
+            1e6,
+        ),
+        ParamSpec(
+            "tick_s",
+            FLOAT,
+            "hetero_srtf: also re-plan every so many seconds (0: on events)",
+            0,
+            1e7,
+        ),
+        ParamSpec(
+            "replan_limit",
+            INT,
+            "hetero_srtf: above this many running jobs, only those a waiting job could preempt "
+            "are re-planned",
+            0,
+            10_000_000,
+        ),
         # elastic (ALGORITHMS.md §6)
         ParamSpec(
             "scaling_threshold",

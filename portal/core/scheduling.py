@@ -39,7 +39,7 @@ from django.utils import timezone
 from portal.core import adapters
 from portal.core.models import Gpu, Job, JobEvent, Node, Placement, PlacementPart, PolicySettings
 from portal.core.outbox import emit_nudges
-from portal.core.services import job_nodes, job_transition
+from portal.core.services import job_nodes, job_preempt, job_transition
 from portal.core.states import PLACED, IllegalTransition, JobState
 from scheduler.domain import (
     Action,
@@ -285,6 +285,7 @@ def _without_profile(job: Job) -> Job:
         elastic_deadline_s=job.elastic_deadline_s,
         elastic_value_per_hour=job.elastic_value_per_hour,
         max_global_batch=job.max_global_batch,
+        time_limit_s=job.time_limit_s,
     )
     clone.submitted_at = job.submitted_at
     return clone
@@ -456,7 +457,9 @@ def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> set[str]:
             )
             return set(nodes)
         if action.kind == ActionKind.REQUEUE:
-            job_transition(Job(pk=job_id), JobState.PENDING, actor=actor, message=message)
+            # Preemption (docs/preemption.md): the attempt ends "preempted" with the policy's
+            # explanation; the agents stop it with a grace; the job is placed again later.
+            job_preempt(Job(pk=job_id), actor=actor, reason=message)
             return set(nodes)
     except IllegalTransition as exc:
         log.info("action %s on job %s skipped: %s", action.kind, job_id, exc)

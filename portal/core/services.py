@@ -217,6 +217,7 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
     profile: ApplicationProfile | None = data.get("profile")
     if profile is not None and not data.get("kind"):
         data["kind"] = profile.kind
+    default_limit = None if profile is None else profile.default_time_limit_s
 
     fingerprint = ""
     if idempotency_key:
@@ -228,6 +229,8 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
             if existing.idempotency_fingerprint != fingerprint:
                 raise IdempotencyConflict(existing)
             return existing, False
+    if data.get("time_limit_s") is None and default_limit:
+        data["time_limit_s"] = default_limit  # the profile's default (after the fingerprint)
     try:
         with transaction.atomic():
             job = Job.objects.create(
@@ -275,6 +278,35 @@ def job_cancel(job: Job, *, actor: str, message: str = "cancelled") -> Job:
         job = job_transition(job, JobState.CANCELLED, actor=actor, message=message)
         emit_nudges(nodes, f"job {job.pk} cancelled")
         emit_schedule(f"job {job.pk} cancelled")
+    return job
+
+
+def job_preempt(job: Job, *, actor: str, reason: str) -> Job:
+    """Preempt a placed job (SCHEDULED, RUNNING or PAUSED): it goes back to PENDING and is
+    placed again by a later cycle; its current attempt ends with outcome ``preempted`` and
+    ``reason`` (a policy's explanation, or who asked). Its nodes' agents stop the processes at
+    their next sync (nudged now): SIGTERM, then SIGKILL after ``COSCHED_STOP_GRACE_S``, so the
+    job can checkpoint to ``COSCHED_CHECKPOINT_DIR``. The next attempt is launched only once
+    this one is known to have stopped (``portal.core.agent_sync``). Any other state raises
+    ``IllegalTransition``. Used by policies' REQUEUE actions and by staff."""
+    reason = reason.strip() or "preempted"
+    with transaction.atomic():
+        current = (
+            Job.objects.select_for_update().filter(pk=job.pk).values_list("state", flat=True).get()
+        )
+        if current not in (JobState.SCHEDULED, JobState.RUNNING, JobState.PAUSED):
+            raise IllegalTransition(job.pk, current, JobState.PENDING)
+        nodes = job_nodes(job.pk)
+        attempt = job.placements.filter(active=True).values_list("pk", flat=True).first()
+        job = job_transition(
+            job, JobState.PENDING, actor=actor, message=f"preempted: {reason}", expected=current
+        )
+        if attempt is not None:
+            Placement.objects.filter(pk=attempt).update(
+                outcome=Placement.Outcome.PREEMPTED, end_reason=reason[:2000]
+            )
+        emit_nudges(nodes, f"job {job.pk} preempted")
+        emit_schedule(f"job {job.pk} preempted")
     return job
 
 

@@ -31,6 +31,7 @@ JOB_FIELDS = (
     "elastic_deadline_s",
     "elastic_value_per_hour",
     "max_global_batch",
+    "time_limit_s",
 )
 
 
@@ -160,6 +161,14 @@ class JobSubmitForm(forms.Form):
         label="Max global batch",
         help_text="Elastic jobs: the local batch grows with fewer workers up to this global batch.",
     )
+    time_limit = forms.CharField(
+        required=False,
+        max_length=40,
+        help_text=(
+            "Per attempt: 90s, 30m, 2h, 1-00:00:00 or seconds. Past it the job is stopped and "
+            "ends FAILED (time limit). Blank: the profile's default, if any."
+        ),
+    )
     params = JsonObjectField(
         label="Parameters (JSON)",
         required=False,
@@ -173,6 +182,17 @@ class JobSubmitForm(forms.Form):
         self.fields["profile"].queryset = selectors.approved_profiles()
         if not self.is_bound:
             self.initial.setdefault("submit_token", uuid.uuid4().hex)
+
+    def clean_time_limit(self) -> int | None:
+        from scheduler.durations import DurationError, parse_duration
+
+        text = (self.cleaned_data.get("time_limit") or "").strip()
+        if not text:
+            return None
+        try:
+            return parse_duration(text)
+        except DurationError as exc:
+            raise forms.ValidationError(str(exc)) from None
 
     def clean(self) -> dict[str, Any]:
         """Add the service's business-rule errors to the type errors, so one round trip
@@ -209,6 +229,7 @@ class JobSubmitForm(forms.Form):
         cd = self.cleaned_data
         derived = profile_defaults(cd["profile"]) if cd.get("profile") else {}
         fields = {key: cd.get(key) for key in JOB_FIELDS}
+        fields["time_limit_s"] = cd.get("time_limit")
         for key in ("kind", "gpus"):
             if fields[key] in (None, ""):
                 fields[key] = derived.get(key)

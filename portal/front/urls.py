@@ -11,6 +11,7 @@ urlpatterns = [
     path("jobs/new/", views.job_new, name="job_new"),
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel_view, name="job_cancel"),
+    path("jobs/<int:job_id>/preempt/", views.job_preempt_view, name="job_preempt"),
     path("profiles/", views.profiles, name="profiles"),
     path("profiles/<int:profile_id>/", views.profile_detail, name="profile_detail"),
     path("cluster/", views.cluster, name="cluster"),

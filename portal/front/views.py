@@ -6,7 +6,7 @@ from pathlib import Path
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import ValidationError
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Page, Paginator
 from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -15,11 +15,11 @@ from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from portal.core import selectors
+from portal.core import selectors, validation
 from portal.core.models import Job, Node, PolicySettings
 from portal.core.policy_settings import validate_policy_settings
-from portal.core.services import IdempotencyConflict, job_cancel, job_submit
-from portal.core.states import IllegalTransition, JobState
+from portal.core.services import IdempotencyConflict, job_cancel, job_preempt, job_submit
+from portal.core.states import PLACED, IllegalTransition, JobState
 from portal.front import profile_metrics
 from portal.front.forms import JobFilterForm, JobSubmitForm, ProfileFilterForm, TokenCreateForm
 from portal.front.models import ApiToken
@@ -144,6 +144,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "attempts": selectors.job_attempts(job),
             "elastic_changes": list(job.elastic_changes.all()),
             "can_cancel": not job.is_terminal,
+            "can_preempt": request.user.is_staff and job.state in PLACED,
             "admin_url": _admin_url("core_job_change", job.pk) if request.user.is_staff else None,
         },
     )
@@ -159,6 +160,24 @@ def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
         messages.error(request, f"Job #{job.pk} is already {exc.current}; nothing to cancel.")
     else:
         messages.success(request, f"Job #{job.pk} cancelled.")
+    return redirect("job_detail", job_id=job.pk)
+
+
+@login_required
+@require_POST
+def job_preempt_view(request: HttpRequest, job_id: int) -> HttpResponse:
+    if not request.user.is_staff:
+        raise PermissionDenied("only staff can preempt jobs")
+    job = selectors.job_for_user(request.user, job_id)
+    reason = " ".join(request.POST.get("reason", "").split())[:500]
+    if validation.text_error(reason):
+        reason = ""
+    try:
+        job_preempt(job, actor=_actor(request), reason=reason or f"preempted by {_actor(request)}")
+    except IllegalTransition as exc:
+        messages.error(request, f"Job #{job.pk} is {exc.current}; only a placed job is preempted.")
+    else:
+        messages.success(request, f"Job #{job.pk} preempted: it is back in the queue.")
     return redirect("job_detail", job_id=job.pk)
 
 

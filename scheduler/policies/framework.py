@@ -715,7 +715,9 @@ class WorkingView:
 
         A running job is predicted to end after ``(1 - progress) x`` its profiled solo time on
         that model (spread over nodes: the unconsolidated time, else the solo time / ``speed``);
-        with no progress reported, its solo time minus the time since it started. Built once
+        with no progress reported, its solo time minus the time since it started; never after
+        its time limit runs out (the node stops it then), which is also the prediction of a job
+        with a time limit and no profiled time. Built once
         once per cycle, from the snapshot alone (the same snapshot gives the same answer
         whatever the view's history).
         """
@@ -797,6 +799,10 @@ class WorkingView:
         model = gpus[0].spec.model if gpus else None
         solo = job.run_time_s(model, spread=placement.is_gang, speed=speed)
         if solo is None or not math.isfinite(solo):
+            solo = job.time_limit_s  # the node stops it then: an upper bound
+        elif job.time_limit_s is not None:
+            solo = min(solo, job.time_limit_s)
+        if solo is None:
             return None
         return self._state.now_s + solo
 
@@ -810,11 +816,17 @@ class WorkingView:
         gpus = self.node_states[n_order].gpus
         model = gpus[0].spec.model if gpus and r.placement.gpu_indices else None
         solo = r.job.run_time_s(model, spread=r.placement.is_gang, speed=speed)
+        # A time limit bounds the end: the node stops the job then (time_limit_s, per attempt;
+        # started_s is the current attempt's start).
+        limit = r.job.time_limit_s
+        bound = None if limit is None else max(now, r.started_s + limit)
         if solo is None or not math.isfinite(solo):
-            return None
+            return bound
         if r.progress > 0:
-            return now + max(0.0, 1.0 - r.progress) * solo
-        return max(now, r.started_s + solo)
+            end = now + max(0.0, 1.0 - r.progress) * solo
+        else:
+            end = max(now, r.started_s + solo)
+        return end if bound is None else min(end, bound)
 
 
 class FrameworkPolicy(Policy):
@@ -1166,7 +1178,7 @@ class FrameworkPolicy(Policy):
                 text = (
                     f"{head}: {idle} idle; {missing} more needed but only {len(known)} of the "
                     f"{len(known) + unknown} busy GPUs have a predicted end (the others run "
-                    f"jobs that are paused or have no profiled time)"
+                    f"jobs that are paused or have neither a profiled time nor a time limit)"
                 )
                 key = (math.inf, -idle)
             if best is None or key < best[0]:

@@ -37,6 +37,7 @@ POLICIES: dict[str, str] = {
     "sharing_pipeline": "scheduler.policies.sharing_chain:SharingPipelinePolicy",
     "sharing_chain": "scheduler.policies.sharing_chain:SharingChainPolicy",
     "elastic": "scheduler.policies.elastic:ElasticPolicy",
+    "hetero_srtf": "scheduler.policies.hetero_srtf:HeteroSrtfPolicy",
     # Later: "slowdown_dr".
 }
 

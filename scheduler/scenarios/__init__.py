@@ -254,6 +254,11 @@ def _sim_config(section: Any, path: Path, sline: int | None) -> SimConfig:
                 raise InputError("expected fail or requeue", **loc) from None
         elif key == "requeue_keeps_progress":
             values[key] = bool(value)
+        elif key == "preemption_cost_by_type":
+            costs = require_mapping(value, **loc)
+            values[key] = {
+                str(k): to_float(v, minimum=0, maximum=1e9, **loc) for k, v in costs.items()
+            }
         elif key in ("seed", "max_oom_restarts"):
             values[key] = to_int(value, **loc)
         else:

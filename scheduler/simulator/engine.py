@@ -39,6 +39,7 @@ from scheduler.admission import admit, capacity_of
 from scheduler.catalog import MigLayoutError
 from scheduler.cluster_spec import ClusterSpec
 from scheduler.domain import (
+    TRUE_WORK_FACTOR,
     Action,
     ActionKind,
     ClusterState,
@@ -108,6 +109,8 @@ class _Job:
         "waiting",
         "target",
         "ready_at",
+        "restart_cost",
+        "work_factor",
     )
 
     def __init__(self, spec: JobSpec, seq: int) -> None:
@@ -139,6 +142,10 @@ class _Job:
         self.rj_version = 0
         self.target = 1.0  # progress at its next scheduled event (a step boundary or 1)
         self.ready_at = 0.0  # no progress before this time (a MIG instance being created)
+        self.restart_cost = 0.0  # seconds without progress at its next start (preempted)
+        # True work / estimated work (noisy estimates: scheduler.estimates). The profile holds
+        # the estimate the policy reads; the simulator runs the job for the true work.
+        self.work_factor = float(spec.params.get(TRUE_WORK_FACTOR, 1.0)) if spec.params else 1.0
         # Memory phases as segments (start, end, from_mb, to_mb); bounds = starts.
         steps = spec.profile.memory_steps if spec.profile is not None else ()
         self.const_mem = spec.memory_need_mb()
@@ -763,6 +770,7 @@ class Simulator:
         elif kind == ActionKind.REQUEUE:
             job.preemptions += 1
             self._to_queue(job, keep_progress=self.config.requeue_keeps_progress)
+            job.restart_cost = self.config.preemption_cost(job.spec.job_type)
             job.explanation = f"requeued by {self.policy_name}: {action.explanation}"
             return True
         else:
@@ -873,13 +881,17 @@ class Simulator:
         job.nodes = nodes
         job.gpus = gpus
         job.model = model
-        job.solo_s = float(solo)
-        job.ref_s = float(ref)
+        job.solo_s = float(solo) * job.work_factor
+        job.ref_s = float(ref) * job.work_factor
         job.paused = False
         if job.first_start is None:
             job.first_start = self.now
         job.last_start = self.now
         job.explanation = explanation
+        if job.restart_cost > 0:  # checkpoint restore after a preemption: no progress yet
+            job.ready_at = max(job.ready_at, self.now + job.restart_cost)
+            job.restart_cost = 0.0
+            self._push(job.ready_at, _READY, job)
         for node, part in zip(nodes, parts, strict=True):
             node.free_cores -= part.cpus
             self.dirty_nodes.add(node)
@@ -1054,7 +1066,8 @@ class Simulator:
                     job=job.spec,
                     placement=placement,
                     started_s=job.last_start,
-                    progress=job.progress_at(now),
+                    # What the job reports: steps done / declared steps (estimate).
+                    progress=min(1.0, job.progress_at(now) * job.work_factor),
                     paused=job.paused,
                 )
                 if job.rate > 0.0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -69,6 +70,9 @@ class SimConfig:
     - ``unconsolidated_speed``: a job spread over several nodes (a gang) whose profile has no
       unconsolidated time runs at this fraction of its one-node speed (default 0.74, the median
       of Gavel's measured unconsolidated / consolidated throughputs; ``scheduler.domain``).
+    - ``preemption_cost_s``: a job a policy requeued (preempted or migrated) makes no progress
+      for this many seconds after it is placed again (checkpoint and restart); 0 is Gavel's
+      assumption. ``preemption_cost_by_type`` overrides it per ``JobSpec.job_type``.
     """
 
     seed: int = 0
@@ -84,8 +88,20 @@ class SimConfig:
     max_time_s: float | None = None
     max_idle_ticks: int = 10
     unconsolidated_speed: float = UNCONSOLIDATED_SPEED
+    preemption_cost_s: float = 0.0
+    preemption_cost_by_type: Mapping[str, float] = field(default_factory=dict)
+
+    def preemption_cost(self, job_type: str | None) -> float:
+        """Seconds without progress after a requeued job of ``job_type`` restarts."""
+        if job_type is not None and job_type in self.preemption_cost_by_type:
+            return float(self.preemption_cost_by_type[job_type])
+        return self.preemption_cost_s
 
     def __post_init__(self) -> None:
+        if not 0 <= self.preemption_cost_s <= 1e9 or any(
+            not 0 <= v <= 1e9 for v in self.preemption_cost_by_type.values()
+        ):
+            raise ValueError("preemption_cost_s must be in [0, 1e9] seconds")
         if not 0 < self.unconsolidated_speed <= 10:
             raise ValueError(
                 f"unconsolidated_speed must be in (0, 10], got {self.unconsolidated_speed!r}"

@@ -255,8 +255,9 @@
       getJSON(d.urlJob).then(function (job) {
         jobState = job.state;
         var badge = el("job-state");
-        if (badge && badge.textContent !== job.state) {
-          badge.textContent = job.state;
+        var label = job.state + (job.end_label ? " (" + job.end_label + ")" : "");
+        if (badge && badge.textContent !== label) {
+          badge.textContent = label;
           badge.className = "state state-" + job.state.toLowerCase();
         }
         var waiting = el("job-waiting-reason");

@@ -39,6 +39,7 @@ import argparse
 import contextlib
 import json
 import os
+import pwd
 import secrets
 import signal
 import socket
@@ -308,7 +309,8 @@ class Stack:
             self.manage("node_token", "create", name, "--file", str(token_file))
             argv = [sys.executable, "-m", "workers.agent", "--name", name, "--portal", self.url,
                     "--token-file", str(token_file), "--nudge-url", self.redis_url,
-                    "--backend", "virtual", "--cores", "16", "--sample-every", "2"]  # fmt: skip
+                    "--backend", "virtual", "--cores", "16", "--sample-every", "2",
+                    "--run-jobs-as", pwd.getpwuid(os.geteuid()).pw_name]  # fmt: skip
             argv += ["--gpus", gpus] if gpus else ["--kind", "cpu"]
             self._proc(f"agent-{name}", argv, self.agent_env).start()
         wait_for(lambda: self.nodes_up() == len(AGENTS), 90, "the agents to register")

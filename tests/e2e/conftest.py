@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -108,6 +109,8 @@ class Stack:
         argv = [str(BIN / "python"), "-m", "workers.agent", "--name", name, "--portal", self.url]
         argv += ["--token-file", str(token_file), "--nudge-url", REDIS_URL]
         argv += ["--backend", "virtual", "--interval", "0.5", "--sample-every", "0.5"]
+        # Jobs run as this test's own account (multi-user isolation: tests/security).
+        argv += ["--run-jobs-as", pwd.getpwuid(os.geteuid()).pw_name]
         if gpus:
             argv += ["--gpus", gpus]
         for key, value in opts.items():

@@ -24,6 +24,7 @@ from portal.core.nodes import node_token_create
 from workers.protocol import (
     AttemptKey,
     AttemptResult,
+    AttemptSpec,
     NodeInfo,
     ResultAck,
     ResultReport,
@@ -127,6 +128,7 @@ def test_a_launch_is_offered_with_what_it_needs_then_only_its_pause_flag(alice, 
     spec = gpu1.sync().desired[0]
     assert (spec.job_id, spec.attempt, spec.launch, spec.paused) == (job.pk, 1, True, False)
     assert spec.command == "python train.py" and spec.gpu_model == "A30"
+    assert spec.owner == "alice" and spec.memory_mb is None  # the node maps the owner's account
     assert [(p.node, p.node_rank, p.gpu_indices, p.address) for p in spec.parts] == [
         ("gpu-1", 0, (0,), "10.0.0.5")
     ]
@@ -408,3 +410,11 @@ def test_the_endpoint_names_the_bad_field_and_refuses_huge_bodies(client, db):
     response = _post(client, "{}", key, CONTENT_LENGTH=str(64 * 2**20))
     assert response.status_code == 413
     assert client.get("/agent/v1/sync").status_code == 405
+
+
+def test_a_launch_carries_its_owner_and_memory_for_the_nodes_isolation(alice, gpu1):
+    job = _placed(alice, ["gpu-1"])
+    Job.objects.filter(pk=job.pk).update(memory_mb=3072)
+    spec = gpu1.sync().desired[0]
+    assert (spec.owner, spec.memory_mb) == ("alice", 3072)
+    assert AttemptSpec.read(spec.to_dict(), "spec") == spec  # through the wire format

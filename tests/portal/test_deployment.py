@@ -13,6 +13,11 @@ import yaml
 from portal.core.outbox import SCHEDULER_QUEUE
 
 ROOT = Path(__file__).resolve().parents[2]
+PASSWORDS = {
+    "POSTGRES_PASSWORD": "pg-pw",
+    "REDIS_PASSWORD": "redis-pw",
+    "REDIS_AGENT_PASSWORD": "a-pw",
+}
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
 
@@ -26,7 +31,9 @@ def test_cosched_services_share_the_environment_the_settings_read():
         env = SERVICES[name]["environment"]
         url = env["DATABASE_URL"]
         assert url.startswith("postgres://") and "@postgres:5432/" in url
-        assert env["REDIS_URL"] == "redis://redis:6379/0"
+        assert env["REDIS_URL"] == (
+            "redis://:${REDIS_PASSWORD:?set REDIS_PASSWORD in .env}@redis:6379/0"
+        )
         assert env["DEBUG"] == "0" and "SECRET_KEY" in env and "ALLOWED_HOSTS" in env
 
 
@@ -86,8 +93,24 @@ def test_docker_compose_config_validates_where_the_plugin_exists():
     done = subprocess.run(
         ["docker", "compose", "config", "--quiet"],
         cwd=ROOT,
-        env={"SECRET_KEY": "x" * 50, "PATH": "/usr/bin:/bin"},
+        env={"SECRET_KEY": "x" * 50, "PATH": "/usr/bin:/bin", **PASSWORDS},
         capture_output=True,
         text=True,
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_postgres_and_redis_require_passwords_and_redis_persists():
+    required = "${POSTGRES_PASSWORD:?set POSTGRES_PASSWORD in .env}"
+    assert SERVICES["postgres"]["environment"]["POSTGRES_PASSWORD"] == required
+    for name in ("migrate", "web", "worker", "beat"):
+        assert f"cosched:{required}@postgres" in SERVICES[name]["environment"]["DATABASE_URL"]
+    command = SERVICES["redis"]["command"]
+    assert command[command.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert any(v.endswith(":/data") for v in SERVICES["redis"]["volumes"])
+    # The agent subscribes as the restricted "cosched-agent" user.
+    nudge_url = SERVICES["node-agent"]["environment"]["COSCHED_NUDGE_URL"]
+    assert nudge_url.startswith("redis://cosched-agent:${REDIS_AGENT_PASSWORD:?")
+    assert SERVICES["node-agent"]["environment"]["COSCHED_RUN_JOBS_AS"] == "owner"
+    assert "useradd --system" in (ROOT / "Dockerfile").read_text()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from scheduler.catalog import gpu_spec
 from scheduler.domain import (
+    ActionKind,
     ClusterState,
     GpuState,
     JobSpec,
@@ -108,11 +110,19 @@ def _usable_gpus(node: NodeState, j: JobSpec) -> int:
 def check_plan(state: ClusterState, plan: Plan, max_jobs_per_gpu: int | None = None) -> None:
     """Assert the plan respects the snapshot's capacity; raise AssertionError with the reason."""
     pending = {j.id: j for j in state.pending}
+    # A running job the plan requeues (preemption) frees its GPUs and cores before the
+    # decisions apply (the simulator applies actions first) and may be placed again (moved).
+    running = {r.job.id: r for r in state.running}
+    requeued = {a.job_id for a in plan.actions if a.kind == ActionKind.REQUEUE}
+    assert requeued <= set(running), "requeues a job that is not running"
+    queued = set(pending)
+    pending.update({i: running[i].job for i in requeued})
     decided = [d.placement.job_id for d in plan.decisions]
     assert len(decided) == len(set(decided)), f"a job decided twice: {decided}"
     assert set(decided) <= set(pending), "a decision for a job that is not pending"
     assert not set(decided) & set(plan.waiting), "a job both placed and waiting"
-    assert set(decided) | set(plan.waiting) == set(pending), "a pending job got no answer"
+    assert queued <= set(decided) | set(plan.waiting), "a pending job got no answer"
+    assert set(plan.waiting) <= queued | requeued, "a waiting reason for a job not queued"
     for job_id, reason in plan.waiting.items():
         assert reason.strip(), f"empty waiting reason for {job_id}"
 
@@ -121,6 +131,9 @@ def check_plan(state: ClusterState, plan: Plan, max_jobs_per_gpu: int | None = N
         list
     )
     used_cores: dict[str, int] = defaultdict(int)
+    for i in requeued:
+        for part in running[i].placement.parts:
+            used_cores[part.node] -= part.cpus
     for d in plan.decisions:
         assert d.explanation.strip(), "empty explanation"
         assert d.policy, "decision without a policy name"
@@ -139,7 +152,10 @@ def check_plan(state: ClusterState, plan: Plan, max_jobs_per_gpu: int | None = N
             models = {nodes[n].gpus[i].spec.model for n, i in keys}
             assert len(models) == 1, f"{j.id} mixes GPU models {models}"
             if j.gpus > 1:
-                assert p.mode == SharingMode.EXCLUSIVE, f"multi-GPU job {j.id} shares"
+                # Multi-GPU jobs share only under MPS, with jobs of the same GPU count.
+                assert p.mode in (SharingMode.EXCLUSIVE, SharingMode.MPS), (
+                    f"multi-GPU job {j.id} shares"
+                )
             if p.is_gang:
                 # A gang only when no up node could hold the job on its own (GPUs of one model
                 # it may use, with the memory, and the cores), busy or not.
@@ -164,10 +180,19 @@ def check_plan(state: ClusterState, plan: Plan, max_jobs_per_gpu: int | None = N
 
     for (node_name, i), new in gpu_jobs.items():
         gpu = nodes[node_name].gpus[i]
+        staying = tuple(x for x in gpu.job_ids if x not in requeued)
+        if staying != gpu.job_ids:
+            gone = sum(running[x].job.memory_need_mb() for x in gpu.job_ids if x in requeued)
+            gpu = replace(gpu, job_ids=staying, committed_memory_mb=gpu.committed_memory_mb - gone)
         spec = gpu.spec
         modes = {m for _, m, _ in new}
         if gpu.job_ids:
             modes.add(gpu.mode or SharingMode.EXCLUSIVE)
+        sizes = {j.gpus for j, _, _ in new} | {
+            running[x].job.gpus for x in gpu.job_ids if x in running
+        }
+        if max(sizes) > 1 and len(new) + len(gpu.job_ids) > 1:
+            assert len(sizes) == 1, f"{node_name}/{i} shared by jobs of different GPU counts"
         assert len(modes) == 1, f"{node_name}/{i} mixes modes {modes}"
         (mode,) = modes
         assert spec.supports(mode), f"{spec.model} does not support {mode}"

@@ -208,7 +208,7 @@ def test_gangs_are_placed_whole_or_wait_with_what_is_missing(name):
     for pl in gangs:
         assert (
             len(pl.parts) >= 2
-            and pl.gpu_count == {"g8": 8, "g12": 12, "g5": 5, "g8b": 8}[pl.job_id]
+            and pl.gpu_count == {"g8": 8, "g12": 12, "g5": 5, "g8b": 8, "run-g": 6}[pl.job_id]
         )
     placed = {d.placement.job_id for d in plan.decisions}
     assert "g16" in plan.waiting and "at most 12" in plan.waiting["g16"]

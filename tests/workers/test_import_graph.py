@@ -106,4 +106,5 @@ def test_the_runner_needs_only_the_standard_library():
         env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "['workers', 'workers.runner']"
+    # workers.isolation (the job's account, files and cgroup) is standard library only too.
+    assert result.stdout.strip() == "['workers', 'workers.isolation', 'workers.runner']"

@@ -353,3 +353,12 @@ def test_docker_control_argv():
     assert docker_control_argv("rm", "c1") == ["docker", "rm", "-f", "c1"]
     with pytest.raises(ValueError):
         docker_control_argv("explode", "c1")
+
+
+def test_nvidia_visible_devices_follow_the_placement_not_the_agent():
+    base = {"NVIDIA_VISIBLE_DEVICES": "all", "PATH": "/bin"}
+    assert build_env(EXCLUSIVE, base)["NVIDIA_VISIBLE_DEVICES"] == "0,2"
+    assert job_env(MIG, mig_uuid="MIG-4a5b")["NVIDIA_VISIBLE_DEVICES"] == "MIG-4a5b"
+    assert build_env(CPU, base)["NVIDIA_VISIBLE_DEVICES"] == "void"  # no GPU at all
+    argv = docker_run_argv("img", "true", job_env(EXCLUSIVE), name="c", gpu_devices=["0", "2"])
+    assert not any(a.startswith("NVIDIA_VISIBLE_DEVICES=") for a in argv)  # --gpus decides

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('core', '0004_attempts_leases_outbox'),
+        ('core', '0005_time_limits_preemption'),
     ]
 
     operations = [

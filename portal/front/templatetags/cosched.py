@@ -47,6 +47,17 @@ def pretty_json(value: Any) -> str:
 
 
 @register.filter
+def duration(seconds: Any) -> str:
+    """A time limit as ``HH:MM:SS`` / ``D-HH:MM:SS`` (``scheduler.durations``)."""
+    from scheduler.durations import format_duration
+
+    try:
+        return format_duration(float(seconds))
+    except (TypeError, ValueError):
+        return ""
+
+
+@register.filter
 def state_class(state: str) -> str:
     return f"state state-{str(state).lower()}"
 

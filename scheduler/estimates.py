@@ -1,0 +1,49 @@
+"""Noisy work estimates: what a policy sees when users declare their work only roughly.
+
+A job's profile times (``gpu_time_s`` per model, its unconsolidated times, ``cpu_time_s``) are
+the scheduler's *estimates* (throughput x declared work). ``with_noisy_estimates`` multiplies
+every time of a job by one lognormal factor ``exp(N(0, sigma))`` (seeded; the same job gets the
+same factor for every GPU model: the user misjudged the work, not the GPU), and records the
+truth in ``params[TRUE_WORK_FACTOR]`` = true / estimated work. The simulator runs the job for
+its true work and reports progress as done / declared work, as a live job counting its steps
+against ``total_steps`` would; policies never read the factor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+from collections.abc import Sequence
+
+from scheduler.domain import TRUE_WORK_FACTOR, JobSpec
+
+
+def with_noisy_estimates(jobs: Sequence[JobSpec], sigma: float, seed: int) -> list[JobSpec]:
+    """``jobs`` with each job's profile times multiplied by its own lognormal noise factor.
+
+    ``sigma`` is the standard deviation of the factor's logarithm (0: unchanged copies);
+    ``seed`` seeds the factors (one draw per job, in trace order).
+    """
+    if not 0 <= sigma <= 10 or math.isnan(sigma):
+        raise ValueError(f"estimate noise sigma must be in [0, 10], got {sigma!r}")
+    rng = random.Random(seed)
+    out = []
+    for job in jobs:
+        noise = math.exp(rng.gauss(0.0, sigma)) if sigma > 0 else 1.0
+        prof = job.profile
+        if prof is None or noise == 1.0:
+            out.append(job)
+            continue
+        est = dataclasses.replace(
+            prof,
+            gpu_time_s={m: t * noise for m, t in prof.gpu_time_s.items()},
+            gpu_time_unconsolidated_s={
+                m: t * noise for m, t in prof.gpu_time_unconsolidated_s.items()
+            },
+            cpu_time_s=None if prof.cpu_time_s is None else prof.cpu_time_s * noise,
+        )
+        params = dict(job.params)
+        params[TRUE_WORK_FACTOR] = 1.0 / noise
+        out.append(dataclasses.replace(job, profile=est, params=params))
+    return out

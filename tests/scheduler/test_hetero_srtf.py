@@ -1,0 +1,283 @@
+"""hetero_srtf: the pure core (ordering, aging, preemption rule and bound, pair threshold, model
+assignment) and the policy on small simulated clusters."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from scheduler.domain import ActionKind, ClusterState, JobSpec, Profile, SharingMode
+from scheduler.interference import MeasuredInterference
+from scheduler.policies.base import PolicyError
+from scheduler.policies.hetero_srtf import (
+    OVERRUN_LEFT,
+    Cand,
+    HeteroSrtfPolicy,
+    assign_models,
+    defended_key,
+    isolated_time_s,
+    priority_key,
+    remaining_fraction,
+    remaining_times,
+    should_preempt,
+    worth_packing,
+)
+from scheduler.simulator import SimConfig, simulate
+from tests.scheduler.sim_helpers import cluster
+from tests.scheduler.snapshots import gpu_node
+
+
+def gjob(
+    job_id: str,
+    times: dict[str, float],
+    *,
+    arrival: float = 0.0,
+    gpus: int = 1,
+    job_type: str | None = None,
+) -> JobSpec:
+    return JobSpec(
+        id=job_id,
+        arrival_s=arrival,
+        gpus=gpus,
+        job_type=job_type,
+        profile=Profile(name=f"p-{job_id}", gpu_time_s=times),
+    )
+
+
+def one_gpu(model: str = "V100", count: int = 1):
+    return cluster({"name": model.lower(), "count": count, "gpu_model": model, "gpus_per_node": 1})
+
+
+# -- pure core ------------------------------------------------------------------------------
+
+
+def test_remaining_times_scale_with_progress_and_skip_unprofiled_models() -> None:
+    j = gjob("a", {"V100": 100.0, "K80": 400.0})
+    assert remaining_times(j, 0.25, ["V100", "K80", "P100"]) == {"V100": 75.0, "K80": 300.0}
+    assert remaining_times(j, 0.999, ["V100"]) == {"V100": pytest.approx(0.1)}
+
+
+def test_a_job_past_its_declared_work_is_not_treated_as_finished() -> None:
+    # Noisy estimates: a job that reports all its declared work done but still runs is
+    # assumed to need OVERRUN_LEFT of it again (not 0, which would put it first for ever).
+    assert remaining_fraction(0.4) == pytest.approx(0.6)
+    assert remaining_fraction(1.0) == OVERRUN_LEFT > 0
+    j = gjob("a", {"V100": 100.0})
+    assert remaining_times(j, 1.0, ["V100"]) == {"V100": 100.0 * OVERRUN_LEFT}
+
+
+def test_priority_key_orders_by_remaining_and_ages() -> None:
+    assert priority_key(100.0, 100.0, 0.0, 0.5) < priority_key(200.0, 200.0, 0.0, 0.5)
+    # Aging: the same job waiting longer gets a smaller key; with aging 0 it does not.
+    assert priority_key(1000.0, 1000.0, 4000.0, 0.5) == pytest.approx(1000.0 / 3.0)
+    assert priority_key(1000.0, 1000.0, 4000.0, 0.0) == 1000.0
+    # A long job that waited long enough goes before a fresh short one (no starvation).
+    assert priority_key(1000.0, 1000.0, 20_000.0, 0.5) < priority_key(100.0, 100.0, 0.0, 0.5)
+
+
+def test_preemption_must_pay_its_cost_and_respects_the_bound() -> None:
+    kw = {"margin": 0.0, "max_preemptions": 3}
+    assert should_preempt(50.0, 100.0, cost_s=0.0, preemptions=0, **kw)
+    assert not should_preempt(50.0, 100.0, cost_s=60.0, preemptions=0, **kw)
+    assert should_preempt(30.0, 100.0, cost_s=60.0, preemptions=2, **kw)
+    assert not should_preempt(30.0, 100.0, cost_s=60.0, preemptions=3, **kw)
+    assert defended_key(100.0, 10.0, 0.1) == pytest.approx(80.0)
+
+
+def test_pair_threshold() -> None:
+    assert worth_packing(0.7, 0.6, 1.2)
+    assert not worth_packing(0.5, 0.6, 1.2)
+    assert not worth_packing(0.9, 0.9, 0.0)  # 0 turns packing off
+
+
+def test_assign_models_gives_the_fast_gpu_to_the_job_that_gains_most() -> None:
+    # a is first in priority but barely faster on V100; b is 10x faster there.
+    a = Cand(gjob("a", {"V100": 100.0, "K80": 120.0}), {"V100": 100.0, "K80": 120.0}, 100.0, 1.0)
+    b = Cand(gjob("b", {"V100": 100.0, "K80": 1000.0}), {"V100": 100.0, "K80": 1000.0}, 100.0, 2.0)
+    assert assign_models([a, b], {"V100": 1, "K80": 1}) == {"a": "K80", "b": "V100"}
+    # Capacity is respected: one model only, one GPU -> only the first job.
+    assert assign_models([a, b], {"V100": 1}) == {"a": "V100"}
+
+
+def test_isolated_time_is_a_one_over_n_share_never_faster_than_alone() -> None:
+    times = {"V100": 100.0, "K80": 400.0}
+    counts = {"V100": 2, "K80": 2}
+    # Alone (n = 1) on a 4-GPU cluster: its fastest model's time.
+    assert isolated_time_s(times, counts, 1, 1) == 100.0
+    # 10 jobs: rate = (2/100 + 2/400) / 10 per job -> 400 s.
+    assert isolated_time_s(times, counts, 1, 10) == pytest.approx(400.0)
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(PolicyError):
+        HeteroSrtfPolicy(preempt_margin=1.5)
+    with pytest.raises(PolicyError):
+        HeteroSrtfPolicy(aging="x")
+
+
+# -- the policy on snapshots and in the simulator ------------------------------------------
+
+
+def test_shortest_first_and_heterogeneity_aware_placement_on_a_snapshot() -> None:
+    state = ClusterState(
+        now_s=0.0,
+        nodes=(gpu_node("v", "V100", 1), gpu_node("k", "K80", 1)),
+        pending=(
+            gjob("long", {"V100": 9000.0, "K80": 10000.0}),
+            gjob("short", {"V100": 100.0, "K80": 1000.0}),
+            gjob("mid", {"V100": 500.0, "K80": 600.0}),
+        ),
+    )
+    plan = HeteroSrtfPolicy(pack_threshold=0).schedule(state, random.Random(0))
+    placed = {d.placement.job_id: d.placement.node for d in plan.decisions}
+    # The two shortest run; short (10x faster on V100) gets the V100, mid the K80.
+    assert placed == {"short": "v", "mid": "k"}
+    assert "long" in plan.waiting and "shortest predicted remaining time" in plan.waiting["long"]
+    assert all(d.placement.mode == SharingMode.EXCLUSIVE for d in plan.decisions)
+
+
+def test_a_short_arrival_preempts_a_long_job_and_the_cost_delays_its_restart() -> None:
+    jobs = [gjob("long", {"V100": 1000.0}), gjob("short", {"V100": 100.0}, arrival=100.0)]
+    for cost, finish in ((0.0, 1100.0), (60.0, 1160.0)):
+        res = simulate(
+            one_gpu(),
+            jobs,
+            HeteroSrtfPolicy(**{"preemption_cost_s": cost}),
+            config=SimConfig(preemption_cost_s=cost),
+        )
+        rec = {r.job_id: r for r in res.jobs}
+        assert rec["short"].finish_s == pytest.approx(200.0)
+        assert rec["long"].finish_s == pytest.approx(finish)
+        assert rec["long"].preemptions == 1
+
+
+def test_a_preemption_that_does_not_pay_its_cost_is_not_made() -> None:
+    # The long job has 120 s left when the 100-s job arrives: not worth a 60-s restart.
+    jobs = [gjob("long", {"V100": 220.0}), gjob("short", {"V100": 100.0}, arrival=100.0)]
+    res = simulate(
+        one_gpu(),
+        jobs,
+        HeteroSrtfPolicy(**{"preemption_cost_s": 60.0}),
+        config=SimConfig(preemption_cost_s=60.0),
+    )
+    rec = {r.job_id: r for r in res.jobs}
+    assert rec["long"].preemptions == 0
+    assert rec["long"].finish_s == pytest.approx(220.0)
+
+
+def test_no_job_is_preempted_more_than_the_bound() -> None:
+    # Short jobs keep arriving while a long one runs: each would preempt it.
+    jobs = [gjob("j0", {"V100": 5000.0})]
+    for i in range(1, 12):
+        jobs.append(gjob(f"j{i}", {"V100": 10.0}, arrival=100.0 * i))
+    res = simulate(one_gpu(), jobs, HeteroSrtfPolicy(**{"max_preemptions": 2}))
+    assert all(r.end_reason == "completed" for r in res.jobs)
+    assert max(r.preemptions for r in res.jobs) == 2
+    unbounded = simulate(one_gpu(), jobs, HeteroSrtfPolicy(**{"max_preemptions": 100}))
+    assert max(r.preemptions for r in unbounded.jobs) > 2
+
+
+def test_aging_prevents_starvation_behind_a_stream_of_short_jobs() -> None:
+    # One long job, then two 100-s jobs every 200 s for 60,000 s: the GPU is never idle.
+    jobs = [gjob("long", {"V100": 1000.0}, arrival=1.0)]
+    jobs += [gjob(f"s{i}", {"V100": 100.0}, arrival=200.0 * (i // 2)) for i in range(600)]
+    finish = {}
+    for aging in (0.0, 0.5, 2.0):
+        res = simulate(one_gpu(), jobs, HeteroSrtfPolicy(aging=aging))
+        assert all(r.end_reason == "completed" for r in res.jobs)
+        finish[aging] = {r.job_id: r for r in res.jobs}["long"].finish_s
+    # Without aging it waits for the whole stream; with aging its key
+    # 1000 / (1 + aging x age / 1000) falls below the short jobs' and it runs while they still
+    # arrive, the sooner the larger the weight.
+    assert finish[0.0] > 60_000
+    assert finish[2.0] < finish[0.5] < 45_000
+
+
+def test_measured_pairs_are_packed_above_the_threshold_only() -> None:
+    table = MeasuredInterference()
+    spec = gpu_node("v", "V100", 1).gpus[0].spec
+    a_type, b_type = "ResNet-18 (batch size 16)", "ResNet-18 (batch size 64)"
+    a = gjob("a", {"V100": 1000.0}, job_type=a_type)
+    b = gjob("b", {"V100": 1000.0}, job_type=b_type)
+    s_a, s_b = table.measured_pair(a, b, spec), table.measured_pair(b, a, spec)
+    assert s_a is not None and s_b is not None
+    value = 1 / s_a + 1 / s_b  # 2.0 for this pair (measured at solo speed on V100)
+    for threshold, packed in ((value - 0.05, True), (0.0, False)):
+        res = simulate(
+            one_gpu(),
+            [a, b],
+            HeteroSrtfPolicy(**{"pack_threshold": threshold}),
+            interference=table,
+        )
+        rec = {r.job_id: r for r in res.jobs}
+        both_at_once = rec["b"].start_s == pytest.approx(0.0)
+        assert both_at_once is packed
+        if packed:
+            assert rec["b"].mode == "mps" and "packed next to job a" in rec["b"].explanation
+
+
+def test_preemption_actions_name_their_reason_and_are_counted() -> None:
+    policy = HeteroSrtfPolicy()
+    running = simulate(
+        one_gpu(),
+        [gjob("long", {"V100": 1000.0})],
+        HeteroSrtfPolicy(),
+        config=SimConfig(max_time_s=1.0),
+    )
+    assert running.jobs[0].end_reason == "unfinished"
+    state = ClusterState(
+        now_s=5.0,
+        nodes=(gpu_node("v", "V100", 1, gpus={0: _busy("v", "long")}),),
+        pending=(gjob("short", {"V100": 10.0}, arrival=5.0),),
+        running=(_running(gjob("long", {"V100": 1000.0}), "v"),),
+    )
+    plan = policy.schedule(state, random.Random(0))
+    assert [(a.kind, a.job_id) for a in plan.actions] == [(ActionKind.REQUEUE, "long")]
+    assert "preempted for shorter jobs" in plan.actions[0].explanation
+    assert [d.placement.job_id for d in plan.decisions] == ["short"]
+    assert policy.preemptions == {"long": 1}
+
+
+def _busy(node: str, job_id: str):
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState
+
+    return GpuState(
+        node=node, index=0, spec=gpu_spec("V100"), mode=SharingMode.MPS, job_ids=(job_id,)
+    )
+
+
+def _running(job: JobSpec, node: str):
+    from scheduler.domain import Placement, RunningJob
+
+    return RunningJob(job, Placement(job.id, node, (0,), mode=SharingMode.MPS), 0.0, 0.005)
+
+
+def _on_k80(progress: float) -> ClusterState:
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState, Placement, RunningJob
+
+    a = gjob("a", {"V100": 1000.0, "K80": 4000.0})
+    busy = GpuState("k", 0, gpu_spec("K80"), SharingMode.MPS, ("a",))
+    return ClusterState(
+        now_s=10.0,
+        nodes=(gpu_node("v", "V100", 1), gpu_node("k", "K80", 1, gpus={0: busy})),
+        pending=(),
+        running=(
+            RunningJob(a, Placement("a", "k", (0,), SharingMode.MPS), 0.0, progress=progress),
+        ),
+    )
+
+
+def test_a_running_job_moves_to_an_idle_faster_gpu_when_it_pays() -> None:
+    # 90 % left: 3,600 s on the K80 against 900 s on the idle V100 (+ 60 s restart).
+    plan = HeteroSrtfPolicy().schedule(_on_k80(0.1), random.Random(0))
+    assert [(a.kind, a.job_id) for a in plan.actions] == [(ActionKind.REQUEUE, "a")]
+    assert "moved from K80 to V100" in plan.actions[0].explanation
+    assert [(d.placement.job_id, d.placement.node) for d in plan.decisions] == [("a", "v")]
+    # Almost done (2 % left: 80 s on the K80, 20 s + 60 s restart on the V100): it stays.
+    assert HeteroSrtfPolicy().schedule(_on_k80(0.98), random.Random(0)).actions == ()
+    # A restart cost larger than the saving: it stays too.
+    costly = HeteroSrtfPolicy(preemption_cost_s=5000.0)
+    assert costly.schedule(_on_k80(0.1), random.Random(0)).actions == ()
