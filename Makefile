@@ -43,9 +43,13 @@ migrate: install
 # serving the portal, running the scheduling loop and the virtual nodes' agents.
 # DEMO_SCALE shortens the demo jobs (profile times x DEMO_SCALE): 0.2 runs seed 004 in ~5 min.
 DEMO_SCALE ?= 0.2
+# DEMO_ARRIVALS: demo jobs arriving per minute after the first 25, so the dashboard keeps moving
+# (0 turns the stream off).
+DEMO_ARRIVALS ?= 12
 demo: migrate
 	$(BIN)/python manage.py load_demo --emulate-scale $(DEMO_SCALE)
-	$(BIN)/python manage.py run_embedded $(HOST):$(PORT)
+	$(BIN)/python manage.py run_embedded $(HOST):$(PORT) \
+		--arrivals-per-minute $(DEMO_ARRIVALS) --arrivals-scale $(DEMO_SCALE)
 
 lint: install
 	$(BIN)/ruff check .

@@ -341,6 +341,21 @@ class NodeState:
 
 
 @dataclass(frozen=True, slots=True)
+class DataParallelState:
+    """A data-parallel job's last epoch-end report (``slowdown_dr``, ALGORITHMS.md §5).
+
+    ``ratio``: its data ratio, the share of each mini-batch per GPU of its node in tenths (one
+    integer 0..10 per GPU index, summing to 10). ``slowdown``: SD_i at that epoch end (None:
+    not known yet). ``epoch_ended``: it reported an epoch end the manager has not answered yet.
+    """
+
+    ratio: tuple[int, ...]
+    slowdown: float | None = None
+    epoch: int = 0
+    epoch_ended: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class RunningJob:
     job: JobSpec
     placement: Placement
@@ -349,6 +364,8 @@ class RunningJob:
     paused: bool = False
     # An elastic job's autoscaling memory (measured throughputs, straggler averages), if any.
     elastic: ElasticState | None = None
+    # Data-parallel jobs that report through the training SDK (None: not reported).
+    data_parallel: DataParallelState | None = None
 
 
 @dataclass(frozen=True, slots=True)

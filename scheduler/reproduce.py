@@ -3,6 +3,7 @@
     python -m scheduler.reproduce sharing001 [--seeds 20] [--out DIR]
     python -m scheduler.reproduce kscheduler003 [--out DIR]
     python -m scheduler.reproduce elastic002 [--out DIR]    (docs/elastic.md)
+    python -m scheduler.reproduce slowdown000 [--out DIR]
 
 **sharing001** (paper 001, ALGORITHMS §4): the scenario's 180 apps under ``sharing_mode``,
 ``sharing_random`` and ``byscale``, once per seed 0..N-1. A seed shuffles the order the apps
@@ -27,6 +28,13 @@ later group are not charged the wait for the earlier ones: its K-Scheduler ANTT 
 groups run one after another allows no other reading), which is our ``avg_slowdown``;
 fairness is min / max of solo / co-run time. The turnaround-based ANTT (queueing included) is
 printed too.
+
+**slowdown000** (paper 000, ALGORITHMS §5; docs/slowdown.md): sets (a), (b), (c)
+(``slowdown000``, ``slowdown000b``, ``slowdown000c``) in the data-parallel simulator
+(``scheduler.simulator.dataparallel``) with static placements (``loadbalance``, no ratio
+changes) and with ``slowdown_dr``: SD_max_diff at the start and settled, the mean SD, the mean
+GPU utilisation (over the time all jobs run together), and the jobs' final Slow-Downs, beside
+the paper's figures. With ``--out``, ``runs.csv`` holds the SD samples over time.
 
 Progress goes to stderr; results are printed as tables and, with ``--out``, written as CSV.
 """
@@ -57,6 +65,17 @@ SHARING_READINGS: Mapping[str, Mapping[str, Mapping[str, Any]]] = {
 }
 PAPER_001 = {"sharing_random": 3.1, "byscale": 5.0}  # total time / sharing_mode's
 KSCHEDULER_POLICIES = ("kscheduler", "warped_slicer", "even_partition")
+SLOWDOWN_SETS = {"a": "slowdown000", "b": "slowdown000b", "c": "slowdown000c"}
+#: Paper 000's figures per set: SD_max_diff without / with the method, mean SD change, mean
+#: GPU utilisation change (ALGORITHMS.md §5).
+PAPER_000 = {
+    "a": {"sd_max_diff_static": 0.65, "sd_max_diff_dr": 0.1, "mean_sd_change": -0.15,
+          "util_change": 0.40},
+    "b": {"sd_max_diff_static": 0.65, "sd_max_diff_dr": 0.3, "mean_sd_change": -0.20,
+          "util_change": 0.25},
+    "c": {"sd_max_diff_static": 0.65, "sd_max_diff_dr": 0.1, "mean_sd_change": -0.15,
+          "util_change": 0.15},
+}  # fmt: skip
 
 
 def shuffled(jobs: Sequence[JobSpec], seed: int) -> list[JobSpec]:
@@ -206,6 +225,58 @@ def summarize_kscheduler003(runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def run_slowdown000(
+    progress: Callable[[str], None] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summary: one row per set and policy; samples: SD and utilisation over time)."""
+    from scheduler.scenarios import load_scenario
+    from scheduler.simulator.dataparallel import DpConfig, simulate_data_parallel
+
+    rows = []
+    frames = []
+    for key, name in SLOWDOWN_SETS.items():
+        sc = load_scenario(name)
+        model = build_interference(sc.interference)
+        config = DpConfig(
+            seed=sc.config.seed, context_switch_overhead=sc.config.context_switch_overhead
+        )
+        for policy_name in ("loadbalance", "slowdown_dr"):
+            policy = build_policy(policy_name, sc.policy_params.get(policy_name, {}))
+            result = simulate_data_parallel(
+                sc.cluster, sc.jobs, policy, interference=model, config=config
+            )
+            s = result.summary()
+            rows.append(
+                {
+                    "set": key,
+                    "policy": policy_name,
+                    "completed": result.completed,
+                    "sd_max_diff_start": s["start_sd_max_diff"],
+                    "sd_max_diff_settled": s["settled_sd_max_diff"],
+                    "mean_sd": s["full_mean_sd"],
+                    "util_pct": s["full_util_pct"],
+                    "job_sd_mean": s["mean_job_sd"],
+                    "job_sd_max": s["max_job_sd"],
+                    "makespan_s": s["makespan_s"],
+                    "ratio_changes": int(s["ratio_changes"]),
+                }
+            )
+            frame = result.samples_frame()
+            frame.insert(0, "set", key)
+            frames.append(frame)
+            if progress is not None:
+                progress(f"slowdown000: set {key} {policy_name}")
+    summary = pd.DataFrame(rows)
+    for key, paper in PAPER_000.items():
+        static = summary[(summary.set == key) & (summary.policy == "loadbalance")].iloc[0]
+        dr = (summary.set == key) & (summary.policy == "slowdown_dr")
+        summary.loc[dr, "mean_sd_change"] = summary.loc[dr, "mean_sd"] / static.mean_sd - 1
+        summary.loc[dr, "util_change"] = summary.loc[dr, "util_pct"] / static.util_pct - 1
+        for k, v in paper.items():
+            summary.loc[summary.set == key, f"paper_{k}"] = v
+    return summary, pd.concat(frames, ignore_index=True)
+
+
 def _progress(enabled: bool) -> Callable[[str], None] | None:
     if not enabled:
         return None
@@ -220,7 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m scheduler.reproduce", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("name", choices=["sharing001", "kscheduler003", "elastic002"])
+    parser.add_argument(
+        "name", choices=["sharing001", "kscheduler003", "slowdown000", "elastic002"]
+    )
     parser.add_argument("--seeds", type=int, default=20, help="sharing001: seeds (default 20)")
     parser.add_argument(
         "--scenario", help="sharing001: a variant scenario YAML instead of the built-in one"
@@ -239,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.name == "sharing001":
         runs = run_sharing001(args.seeds, progress=say, scenario=args.scenario or "sharing001")
         summary = summarize_sharing001(runs)
+    elif args.name == "slowdown000":
+        summary, runs = run_slowdown000(progress=say)
     else:
         runs = run_kscheduler003(progress=say)
         summary = summarize_kscheduler003(runs)

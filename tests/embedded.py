@@ -14,7 +14,9 @@ from typing import Any
 
 
 @contextmanager
-def embedded_loop(settings: Any, log_dir: Path, interval: float = 0.5) -> Iterator[list[Any]]:
+def embedded_loop(
+    settings: Any, log_dir: Path, interval: float = 0.5, arrivals: Any = None
+) -> Iterator[list[Any]]:
     """Start the loop and the agents (yielded); on exit stop the loop, kill the job processes
     and clear the in-process metrics store, before pytest-django flushes the database.
     ``settings`` is pytest-django's fixture: the loop runs broker-less whatever the shell says."""
@@ -25,7 +27,7 @@ def embedded_loop(settings: Any, log_dir: Path, interval: float = 0.5) -> Iterat
     settings.CELERY_TASK_ALWAYS_EAGER = True
     metrics.metrics_store_clear()
     agents = start_virtual_agents(log_dir=log_dir)
-    loop = EmbeddedLoop(agents, interval=interval)
+    loop = EmbeddedLoop(agents, interval=interval, arrivals=arrivals)
     loop.start()
     loop.wake("test start")
     try:

@@ -261,6 +261,8 @@ class NodeAgent:
         else:
             default_pipe = str(data_dir / "mps" / name / "pipe")
             default_log = str(data_dir / "mps" / name / "log")
+        if backend is not None and hasattr(backend, "shares_dir"):
+            backend.shares_dir = self.state_dir / "virtual-gpus"  # workers.emulate_dp
         self.mps_pipe_dir = Path(mps_pipe_dir or default_pipe)
         self.mps_log_dir = Path(mps_log_dir or default_log)
         self.address = address if address is not None else socket.getfqdn()
@@ -750,6 +752,16 @@ class NodeAgent:
             **gang_env(spec),
             **dict(spec.env),
         }
+        # The training SDK's portal URL (workers.sdk): the one this agent syncs with, unless
+        # the portal named another (its job token comes in spec.env).
+        portal_url = getattr(self.transport, "portal_url", None)
+        if portal_url and "COSCHED_API_URL" not in extra:
+            extra["COSCHED_API_URL"] = str(portal_url)
+        if self.backend is not None and self.backend_name == "virtual":
+            # Where emulated data-parallel jobs publish their shares of the virtual GPUs, and
+            # how many GPUs the node has (workers.emulate_dp).
+            extra["COSCHED_VIRTUAL_GPU_DIR"] = str(self.state_dir / "virtual-gpus")
+            extra["COSCHED_NODE_GPUS"] = str(len(self.backend.devices()))
         return build_env(
             placement,
             self._base_env(),

@@ -4,7 +4,7 @@ Demo and test jobs run this instead of real GPU code::
 
     python -m workers.emulate --profile NAME [--profile-file PATH] [--gpu-model M] [--scale X]
         [--duration S] [--iterations N] [--epochs E] [--fail-at FRACTION] [--exit-code N]
-        [--steps-json JSON] [--report-every S] [--tick S]
+        [--steps-json JSON] [--report-every S] [--tick S] [--data-parallel]
 
 **Profile** (no Django needed): the profile ``NAME`` is read from ``--profile-file PATH`` or, if
 absent, from the environment variable ``COSCHED_PROFILE_JSON``, in the JSON form of
@@ -43,6 +43,10 @@ signal) and on SIGTERM / SIGINT, before it exits; a later attempt of the same jo
 resumes from the fraction saved there instead of from 0 (``start`` says ``resumed_from``, and a
 ``checkpoint`` line reports each save). The fraction, not the seconds, is saved: the next attempt
 may run on another GPU model. ``--no-resume`` ignores a saved checkpoint.
+
+**Data-parallel** (``--data-parallel``): the job splits its batches over the node's virtual GPUs
+by its data ratio, reports epoch ends through the training SDK and follows the ratio the
+portal answers; its speed follows the virtual GPUs' load (``workers.emulate_dp``).
 
 **Exit codes**: 0 when done; ``--exit-code`` (default 1) once progress reaches ``--fail-at``;
 143 on SIGTERM and 130 on SIGINT (after a ``term`` line); 2 on a usage or profile error.
@@ -127,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--no-resume", action="store_true", help="start from 0 even if a checkpoint exists"
+    )
+    parser.add_argument(
+        "--data-parallel",
+        action="store_true",
+        help="split batches over the node's virtual GPUs by a data ratio, via the training SDK "
+        "(workers.emulate_dp)",
     )
     return parser
 
@@ -387,6 +397,15 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except EmulatorError as exc:
         print(f"workers.emulate: {exc}", file=sys.stderr)
         return 2
+    if args.data_parallel:
+        from workers.emulate_dp import run_data_parallel
+
+        return run_data_parallel(
+            plan,
+            report_every=args.report_every,
+            tick=args.tick,
+            env=os.environ if env is None else env,
+        )
     return run(
         plan,
         report_every=args.report_every,

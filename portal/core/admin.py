@@ -15,7 +15,7 @@ from django.urls import path, reverse
 
 from portal.core import policy_settings, services
 from portal.core.adapters import derived_classes
-from portal.core.importers import FORMATS, ProfileImportError
+from portal.core.importers import FORMATS, ProfileImportError, memory_max_error
 from portal.core.models import (
     JOB_KINDS,
     ApplicationProfile,
@@ -42,8 +42,31 @@ class ProfileGpuTimeInline(admin.TabularInline):
     fields = ["gpu_model", "time_s"]
 
 
+class _MemoryStepFormSet(forms.BaseInlineFormSet):
+    """The steps as saved must not climb above the profile's declared GPU memory maximum."""
+
+    def clean(self) -> None:
+        super().clean()
+        steps = [
+            (
+                f.cleaned_data.get("start_fraction") or 0.0,
+                f.cleaned_data["from_mb"],
+                f.cleaned_data["to_mb"],
+            )
+            for f in self.forms
+            if f.cleaned_data
+            and not f.cleaned_data.get("DELETE")
+            and f.cleaned_data.get("from_mb") is not None
+            and f.cleaned_data.get("to_mb") is not None
+        ]
+        problem = memory_max_error(self.instance.gpu_memory_max_mb, steps)
+        if problem:
+            raise forms.ValidationError(f"GPU memory max: {problem}")
+
+
 class ProfileMemoryStepInline(admin.TabularInline):
     model = ProfileMemoryStep
+    formset = _MemoryStepFormSet
     extra = 0
     fields = ["index", "start_fraction", "from_mb", "to_mb"]
 
@@ -107,6 +130,10 @@ class ApplicationProfileAdmin(admin.ModelAdmin):
     ]
     fieldsets = [
         (None, {"fields": ["name", "version", "kind", "status", "source", "description"]}),
+        (
+            "Sources (field -> where its number comes from; shown on the profile page)",
+            {"fields": ["sources"], "classes": ["collapse"]},
+        ),
         (
             "Derived classes (computed by scheduler.classes, not stored)",
             {"fields": ["kernel_class", "cm_class", "scale_class", "sensitivity_class"]},
@@ -410,6 +437,8 @@ def _param_field(spec: ParamSpec, initial: Any) -> forms.Field:
         else:
             choices = [("", blank)]
         return forms.ChoiceField(choices=choices + [(c, c) for c in spec.choices], **common)
+    if spec.kind == policy_settings.TEXT:
+        return forms.CharField(max_length=500, strip=True, **common)
     common["initial"] = "" if initial is None else json.dumps(initial, indent=2)
     return forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60, "class": "vLargeTextField"}), **common
@@ -446,6 +475,7 @@ class PolicySettingsForm(forms.ModelForm):
         except Exception:  # an unknown policy: the choice field reports it
             self.specs = []
         current = dict(self.instance.params or {}) if self.instance.pk else {}
+        self.initial_params = dict(current)  # what was stored (save_model compares)
         for spec in self.specs:
             initial = current.get(spec.name, spec.default)
             if spec.kind == policy_settings.CHOICE:
@@ -474,7 +504,7 @@ class PolicySettingsForm(forms.ModelForm):
             if not isinstance(value, dict):
                 raise forms.ValidationError('must be a JSON object, e.g. {"a": 1}')
             return value
-        if raw is None and spec.kind != policy_settings.BOOL:
+        if raw in (None, "") and spec.kind != policy_settings.BOOL:
             return spec.default
         return raw
 
@@ -535,6 +565,15 @@ class PolicySettingsAdmin(admin.ModelAdmin):
         form.requested_policy = request.GET.get("policy")
         return form
 
+    def save_model(
+        self, request: HttpRequest, obj: PolicySettings, form: Any, change: bool
+    ) -> None:
+        """A changed configuration starts with no run-time error: the error shown was the old
+        one's (the loop sets it again if the new one fails too)."""
+        if "policy" in form.changed_data or obj.params != form.initial_params:
+            obj.runtime_error, obj.runtime_error_at, obj.runtime_fallback = "", None, ""
+        super().save_model(request, obj, form, change)
+
     @admin.display(description="parameters")
     def parameters(self, obj: PolicySettings) -> str:
         return json.dumps(obj.params or {}, sort_keys=True) if obj.params else "defaults"
@@ -542,7 +581,12 @@ class PolicySettingsAdmin(admin.ModelAdmin):
     @admin.display(description="check")
     def validity(self, obj: PolicySettings) -> str:
         errors = policy_settings.validate_policy_settings(obj.policy, obj.params, trial=False)
-        return "ok" if not errors else "; ".join(f"{k}: {v}" for k, v in errors.items())
+        text = "ok" if not errors else "; ".join(f"{k}: {v}" for k, v in errors.items())
+        if obj.runtime_error:
+            text = f"{'' if errors else 'valid, but '}failed at run time: {obj.runtime_error}" + (
+                f" (running {obj.runtime_fallback} instead)" if obj.runtime_fallback else ""
+            )
+        return text
 
 
 @admin.register(MetricSample)

@@ -51,6 +51,7 @@ from portal.core.nodes import lease_kill_grace_s, lease_s, node_register
 from portal.core.outbox import emit_nudges, emit_schedule, outbox_due, outbox_relay
 from portal.core.services import job_note, job_transition
 from portal.core.states import PLACED, IllegalTransition, JobState
+from portal.core.training import training_env
 from workers.protocol import (
     AttemptKey,
     AttemptResult,
@@ -505,6 +506,7 @@ def _spec(
         owner=job.owner.get_username(),  # the node maps it to a unix account (isolation)
         memory_mb=job.memory_mb or None,
         time_limit_s=float(job.time_limit_s) if job.time_limit_s else None,
+        env=training_env(job.pk, placement.attempt),
         **common,
     )
 

@@ -282,6 +282,22 @@ def _gpu_time(model: str, raw: Any) -> tuple[str, float]:
     return key, value
 
 
+def memory_max_error(
+    max_mb: float | None, steps: list[tuple[float, float, float]] | None
+) -> str | None:
+    """Why a declared GPU memory maximum contradicts the profile's memory steps (it is below
+    their peak: a job would then ask too little), or None. No declared maximum is no error."""
+    if max_mb is None or not steps:
+        return None
+    peak = max(max(lo, hi) for _start, lo, hi in steps)
+    if max_mb + 1e-6 >= peak:
+        return None
+    return (
+        f"{max_mb:,.0f} MB is below the peak of the profile's memory steps ({peak:,.0f} MB): "
+        "declare at least the peak, or correct the steps"
+    )
+
+
 def record_from_mapping(data: dict[str, Any], row: int | None, out: _Collector) -> ProfileRecord:
     """Validate one profile in our schema (a CSV row or a JSON object); errors go to ``out``.
 
@@ -339,6 +355,9 @@ def record_from_mapping(data: dict[str, Any], row: int | None, out: _Collector) 
             out.add(row, "name", "required")
         fields.setdefault("name", "")
     fields["version"] = fields.get("version") or "1"
+    problem = memory_max_error(fields.get("gpu_memory_max_mb"), steps)
+    if problem:
+        out.add(row, "gpu_memory_max_mb", problem)
     return ProfileRecord(row=row, fields=fields, gpu_times=gpu_times, memory_steps=steps)
 
 

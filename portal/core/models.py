@@ -91,6 +91,9 @@ class ApplicationProfile(models.Model):
     # §4: job descriptors
     cm_ratio = models.FloatField(null=True, blank=True, help_text="SM util / memory util")
     sensitivity = models.FloatField(null=True, blank=True)
+    # Where the numbers come from: field (or "gpu_time_s.<model>") -> source, e.g. a table of a
+    # paper, a measured data set, or an estimate and its method; shown on the profile page.
+    sources = models.JSONField(default=dict, blank=True)
 
     # The time limit of jobs using this profile that do not give one (scheduler.durations).
     default_time_limit_s = models.PositiveIntegerField(
@@ -527,6 +530,15 @@ class PolicySettings(models.Model):
     params = models.JSONField(default=dict, blank=True)
     active = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Written by the scheduling loop (issue 18): the error of this configuration when it last
+    # failed at run time (the loop then ran ``last_good_*`` instead), and the last one that ran.
+    runtime_error = models.TextField(blank=True, default="")
+    runtime_error_at = models.DateTimeField(null=True, blank=True)
+    runtime_fallback = models.CharField(
+        max_length=200, blank=True, default="", help_text="what the loop ran instead"
+    )
+    last_good_policy = models.CharField(max_length=100, blank=True, default="")
+    last_good_params = models.JSONField(null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "policy settings"
@@ -538,3 +550,46 @@ class PolicySettings(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.policy}"
+
+
+class TrainingState(models.Model):
+    """What a data-parallel attempt reported through the training SDK (``workers.sdk``), and
+    the data ratio and worker count it is to use (``slowdown_dr``, ALGORITHMS.md §5).
+
+    ``ratio``: tenths of each mini-batch per GPU index of the attempt's node (integers 0..10
+    summing to 10). ``epoch_ended``: the job reported an epoch end the DR manager has not
+    answered yet. ``slowdown``: SD_i at that epoch end (None until known)."""
+
+    placement = models.OneToOneField(Placement, on_delete=models.CASCADE, related_name="training")
+    ratio = models.JSONField(default=list, blank=True)
+    workers = models.PositiveIntegerField(null=True, blank=True)
+    epoch = models.PositiveIntegerField(default=0)
+    iteration = models.PositiveIntegerField(default=0)
+    iterations_total = models.PositiveIntegerField(null=True, blank=True)
+    iter_time_s = models.FloatField(null=True, blank=True)
+    slowdown = models.FloatField(null=True, blank=True)
+    epoch_ended = models.BooleanField(default=False)
+    reported_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"training of {self.placement}"
+
+
+class DataRatioChange(models.Model):
+    """One entry of a job's data-ratio history: what changed it, when, and why."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="ratio_changes")
+    attempt = models.PositiveIntegerField()
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    epoch = models.PositiveIntegerField(default=0)
+    old = models.JSONField(default=list, blank=True)
+    new = models.JSONField(default=list)
+    slowdown = models.FloatField(null=True, blank=True)
+    actor = models.CharField(max_length=100, help_text='"policy:slowdown_dr", "start"')
+    explanation = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt}: {self.old} -> {self.new}"

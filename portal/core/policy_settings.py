@@ -25,11 +25,12 @@ from scheduler.policies.base import PolicyError
 from scheduler.policies.registry import available_policies, build_policy, policy_class
 
 BOOL, INT, FLOAT, CHOICE, MAPPING = "bool", "int", "float", "choice", "mapping"
+TEXT = "text"  # free text (e.g. coscheml's model: "active", "builtin" or "file:PATH")
 
 
 @dataclass(frozen=True, slots=True)
 class ParamSpec:
-    """One documented parameter: ``kind`` is bool, int, float, choice or mapping."""
+    """One documented parameter: ``kind`` is bool, int, float, choice, mapping or text."""
 
     name: str
     kind: str
@@ -42,7 +43,13 @@ class ParamSpec:
 
     def describe(self) -> str:
         """Type and range in words, e.g. "integer, 1 to 64"."""
-        words = {BOOL: "true/false", INT: "integer", FLOAT: "number", MAPPING: "JSON object"}
+        words = {
+            BOOL: "true/false",
+            INT: "integer",
+            FLOAT: "number",
+            MAPPING: "JSON object",
+            TEXT: "text",
+        }
         text = words.get(self.kind, "one of " + ", ".join(self.choices))
         if self.minimum is not None and self.maximum is not None:
             text += f", {self.minimum:g} to {self.maximum:g}"
@@ -204,6 +211,22 @@ _KNOWN: dict[str, ParamSpec] = {
             0,
             10_000_000,
         ),
+        # slowdown_dr (paper 000, Algorithm 1; docs/slowdown.md)
+        ParamSpec(
+            "sd_threshold",
+            FLOAT,
+            "SD_th: data ratios move only while SD_max_diff is at least this (unitless)",
+            0,
+            10,
+        ),
+        ParamSpec(
+            "util_threshold_pct",
+            FLOAT,
+            "Util_th: a larger utilisation gap (percentage points) between a job's busiest GPU "
+            "and the least utilised one moves its batch by remaining capacity, else by Slow-Down",
+            0,
+            100,
+        ),
         # elastic (ALGORITHMS.md §6)
         ParamSpec(
             "scaling_threshold",
@@ -256,6 +279,157 @@ _KNOWN: dict[str, ParamSpec] = {
         ),
     )
 }
+
+
+# The framework's estimate and the parameters of the sharing (ALGORITHMS.md §3, §4) and
+# Co-scheML (§2) policies, from their module docstrings.
+_KNOWN.update(
+    (spec.name, spec)
+    for spec in (
+        ParamSpec(
+            "unconsolidated_speed",
+            FLOAT,
+            "speed of a multi-GPU job spread over several nodes relative to one node, where its "
+            "profile has no such time (an estimate: 0.74 is the median of Gavel's measurements)",
+            0.01,
+            10,
+        ),
+        ParamSpec(
+            "fallback",
+            BOOL,
+            "when every GPU of the sharing mode the criteria prefer is full, take the best other "
+            "mode instead of waiting (off: wait, as the paper's pods do)",
+        ),
+        ParamSpec(
+            "mig_relayout_s",
+            FLOAT,
+            "expected cost of creating a MIG instance (s), so GPUs that have one are preferred",
+            0,
+            3600,
+        ),
+        ParamSpec(
+            "sensitivity_high",
+            FLOAT,
+            "sensitivity (speed-up from the smallest MIG instance to the whole GPU) from which a "
+            "job counts as highly sensitive",
+            1,
+            100,
+        ),
+        ParamSpec(
+            "cm_threshold",
+            FLOAT,
+            "C/M ratio (SM over memory utilisation) from which a job counts as compute-intensive "
+            "(C); below it, memory-intensive (M)",
+            0,
+            1000,
+        ),
+        ParamSpec(
+            "bind",
+            BOOL,
+            "bind each job to one GPU drawn at random (from bind_seed and its id) and let it wait "
+            "for that GPU, like a pod sent to a random node",
+        ),
+        ParamSpec("bind_seed", INT, "seed of that random binding", 0, 2**31 - 1),
+        ParamSpec(
+            "model",
+            TEXT,
+            "the trained interference model: active (the one activated in the portal, else the "
+            "built-in one), builtin, or file:PATH of a saved model",
+        ),
+        ParamSpec(
+            "predictor",
+            CHOICE,
+            "an interference model used instead of the trained one (null: the trained model)",
+            choices=_INTERFERENCE,
+            nullable=True,
+        ),
+        ParamSpec(
+            "predictor_params", MAPPING, "parameters of that interference model", nullable=True
+        ),
+        ParamSpec(
+            "memory_margin_mb",
+            FLOAT,
+            "safety margin (MB) added to a pair's memory when checking that it fits the GPU",
+            0,
+            1e6,
+        ),
+        ParamSpec(
+            "max_predicted_slowdown",
+            FLOAT,
+            "never pair jobs whose predicted slowdown is above this (null: any pair may be taken)",
+            1,
+            1000,
+            nullable=True,
+        ),
+        ParamSpec(
+            "min_feasible",
+            FLOAT,
+            "least probability of co-running at all the learned feasibility classifier must give "
+            "a pair (higher: fewer out-of-memory restarts, less co-location)",
+            0,
+            1,
+        ),
+        ParamSpec("group_size", INT, "kernels per co-run group", 1, 64),
+        ParamSpec(
+            "join_running",
+            BOOL,
+            "also let a kernel join a GPU whose group is still running when the rules hold",
+        ),
+        ParamSpec(
+            "max_gflops",
+            FLOAT,
+            "GFLOPS a co-run group may demand in all (null: the GPU's peak)",
+            1,
+            1e7,
+            nullable=True,
+        ),
+        ParamSpec(
+            "max_regs",
+            INT,
+            "registers per SM a co-run group may take at its kernels' saturation points",
+            1,
+            10_000_000,
+        ),
+        ParamSpec(
+            "max_smem_bytes",
+            INT,
+            "shared memory per SM (bytes) a co-run group may take at its saturation points",
+            1,
+            100_000_000,
+        ),
+        ParamSpec(
+            "max_tbs",
+            INT,
+            "thread blocks per SM a co-run group may take at its saturation points",
+            1,
+            1024,
+        ),
+        ParamSpec(
+            "base_epc",
+            FLOAT,
+            "eligible warps per cycle above which a compute kernel counts as busy (rule 5)",
+            0,
+            100,
+        ),
+        ParamSpec(
+            "max_epc",
+            FLOAT,
+            "eligible warps per cycle above which a compute kernel admits no busy partner (rule 5)",
+            0,
+            100,
+        ),
+        ParamSpec(
+            "l1_threshold",
+            FLOAT,
+            "L1 transactions below which a kernel of another class may join an l1 kernel (rule 3)",
+            0,
+            1e6,
+        ),
+        ParamSpec(
+            "pairing", BOOL, "run stage 3, the kernel-class pairing of co-runners (off: skip it)"
+        ),
+    )
+)
 
 
 def _guess(name: str, default: Any) -> ParamSpec:
@@ -322,6 +496,10 @@ def check_value(spec: ParamSpec, value: Any) -> str | None:
             return f"must be at least {spec.minimum:g}, got {value:g}"
         if spec.maximum is not None and value > spec.maximum:
             return f"must be at most {spec.maximum:g}, got {value:g}"
+        return None
+    if spec.kind == TEXT:
+        if not isinstance(value, str) or not value.strip():
+            return f"must be non-empty text, got {value!r}"
         return None
     if spec.kind == CHOICE:
         if value not in spec.choices:

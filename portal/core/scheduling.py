@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import threading
@@ -36,7 +37,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from portal.core import adapters
+from portal.core import adapters, training
 from portal.core.models import Gpu, Job, JobEvent, Node, Placement, PlacementPart, PolicySettings
 from portal.core.outbox import emit_nudges
 from portal.core.services import job_nodes, job_preempt, job_transition
@@ -87,6 +88,7 @@ class CycleResult:
     """What one cycle did, for the task's log line, the benchmarks and the tests."""
 
     policy: str = ""
+    fallback: str = ""  # what ran instead of ``policy`` when it failed (issue 18)
     pending: int = 0
     placed: list[int] = field(default_factory=list)
     refused: dict[int, str] = field(default_factory=dict)
@@ -96,8 +98,9 @@ class CycleResult:
     policy_seconds: float = 0.0
 
     def summary(self) -> str:
+        name = f"{self.policy} (failed; ran {self.fallback})" if self.fallback else self.policy
         return (
-            f"{self.policy}: {len(self.placed)} placed of {self.pending} pending, "
+            f"{name}: {len(self.placed)} placed of {self.pending} pending, "
             f"{len(self.actions)} actions, {len(self.refused)} refused, "
             f"{self.seconds * 1000:.1f} ms ({self.policy_seconds * 1000:.1f} ms in the policy)"
         )
@@ -143,7 +146,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
     nodes = list(Node.objects.prefetch_related("gpus").order_by("name"))
     placements = list(
         Placement.objects.filter(active=True, job__state__in=[s.value for s in PLACED])
-        .select_related("job", "node")
+        .select_related("job", "node", "training")
         .prefetch_related(
             "gpus", "parts__node", "job__profile__gpu_times", "job__profile__memory_steps"
         )
@@ -206,6 +209,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
                 progress=progress.get(p.job_id, 0.0),
                 paused=p.job.state == JobState.PAUSED,
                 elastic=elastic_state_from_dict(p.job.elastic_state),
+                data_parallel=training.data_parallel_state(p),
             )
         )
 
@@ -470,7 +474,13 @@ def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> set[str]:
         if elastic_change_propose(job_id, action, actor=actor):
             return set(nodes)
         return set()
-    # Actions the live path does not act on yet (data ratio, worker count): keep the reason.
+    if action.kind == ActionKind.SET_DATA_RATIO:
+        placement = Placement.objects.filter(job_id=job_id, active=True).first()
+        if placement is not None and training.data_ratio_set(
+            placement, list(action.value or ()), actor=actor, explanation=message
+        ):
+            return set()
+    # Actions the live path does not act on: keep the reason.
     JobEvent.objects.create(
         job_id=job_id,
         from_state="",
@@ -509,6 +519,109 @@ def active_policy_settings() -> PolicySettings:
     return row
 
 
+# ---------------------------------------------------------------------------------------------
+# Running the policy: a configuration that fails at run time does not stop scheduling
+
+
+#: What the loop runs when the active configuration fails and no configuration ever worked.
+SAFE_POLICY: tuple[str, dict[str, Any]] = ("fifo", {})
+
+
+def _run_policy(name: str, params: dict[str, Any], state: ClusterState, seed: int | None) -> Any:
+    params = dict(params)
+    cycle_seed = params.pop("seed", None) if seed is None else seed
+    policy = build_policy(name, params)
+    rng = random.Random(cycle_seed if cycle_seed is not None else int(state.now_s))
+    return policy, policy.schedule(state, rng)
+
+
+def _fallbacks(row: PolicySettings) -> list[tuple[str, dict[str, Any]]]:
+    """Configurations to run instead of ``row``'s: the last one that worked under this row,
+    then the last good one of the other rows (most recently changed first), then fifo."""
+    current = (row.policy, dict(row.params or {}))
+    out: list[tuple[str, dict[str, Any]]] = []
+    rows = [row, *PolicySettings.objects.exclude(pk=row.pk).order_by("-updated_at")]
+    for r in rows:
+        if r.last_good_policy:
+            candidate = (r.last_good_policy, dict(r.last_good_params or {}))
+            if candidate != current and candidate not in out:
+                out.append(candidate)
+    if SAFE_POLICY not in out and current != SAFE_POLICY:
+        out.append(SAFE_POLICY)
+    return out
+
+
+def _describe(name: str, params: dict[str, Any]) -> str:
+    return f"{name} {json.dumps(params, sort_keys=True)}" if params else name
+
+
+def _plan_with_fallback(row: PolicySettings, state: ClusterState, seed: int | None) -> Any:
+    """Run the active configuration; if building or running it raises, run the last good
+    configuration instead (``_fallbacks``). The error is stored on the row (the cluster page
+    and the admin show it) and logged once, when it first appears or changes; it is cleared,
+    with a log line, once the configuration works again. Returns (policy, plan)."""
+    params = dict(row.params or {})
+    try:
+        policy, plan = _run_policy(row.policy, params, state, seed)
+    except Exception as exc:
+        from portal.core.policy_settings import validate_policy_settings
+
+        # A configuration the form would refuse (saved before validation, or written to the
+        # database directly): name the bad field rather than quote the policy's own error.
+        fields = validate_policy_settings(row.policy, params, trial=False)
+        error = "; ".join(f"{k}: {v}" for k, v in fields.items()) or f"{type(exc).__name__}: {exc}"
+        error = error[:4000]
+        for name, fallback_params in _fallbacks(row):
+            try:
+                policy, plan = _run_policy(name, fallback_params, state, seed)
+            except Exception:
+                log.debug("fallback policy %s failed too", name, exc_info=True)
+                continue
+            _record_failure(row, error, _describe(name, fallback_params), exc)
+            return policy, plan
+        _record_failure(row, error, "", exc)
+        raise
+    _record_success(row, params)
+    return policy, plan
+
+
+def _record_failure(row: PolicySettings, error: str, fallback: str, exc: BaseException) -> None:
+    if row.runtime_error == error and row.runtime_fallback == fallback:
+        log.debug("policy settings %r still fail: %s", row.name, error)
+        return
+    log.error(
+        "policy settings %r (%s) failed at run time: %s; %s (logged once until it changes)",
+        row.name,
+        _describe(row.policy, dict(row.params or {})),
+        error,
+        f"running {fallback} instead" if fallback else "no fallback works either",
+        exc_info=(type(exc), exc, exc.__traceback__),
+    )
+    now = timezone.now()
+    PolicySettings.objects.filter(pk=row.pk).update(
+        runtime_error=error, runtime_error_at=now, runtime_fallback=fallback
+    )
+    row.runtime_error, row.runtime_error_at, row.runtime_fallback = error, now, fallback
+
+
+def _record_success(row: PolicySettings, params: dict[str, Any]) -> None:
+    changes: dict[str, Any] = {}
+    if row.runtime_error:
+        log.warning(
+            "policy settings %r (%s) work again (they failed with: %s)",
+            row.name,
+            _describe(row.policy, params),
+            row.runtime_error,
+        )
+        changes.update(runtime_error="", runtime_error_at=None, runtime_fallback="")
+    if row.last_good_policy != row.policy or row.last_good_params != params:
+        changes.update(last_good_policy=row.policy, last_good_params=params)
+    if changes:  # update(): no auto_now bump, so updated_at keeps meaning "edited by a person"
+        PolicySettings.objects.filter(pk=row.pk).update(**changes)
+        for key, value in changes.items():
+            setattr(row, key, value)
+
+
 def run_cycle(*, actor: str = "scheduler", seed: int | None = None) -> CycleResult:
     """One scheduling cycle (see the module docstring). Safe to call from many workers."""
     started = time.perf_counter()
@@ -523,13 +636,10 @@ def run_cycle(*, actor: str = "scheduler", seed: int | None = None) -> CycleResu
         if not state.pending and not state.running:
             result.seconds = time.perf_counter() - started
             return result
-        params = dict(settings_row.params or {})
-        cycle_seed = params.pop("seed", None) if seed is None else seed
-        policy = build_policy(settings_row.policy, params)
-        rng = random.Random(cycle_seed if cycle_seed is not None else int(state.now_s))
         t0 = time.perf_counter()
-        plan = policy.schedule(state, rng)
+        policy, plan = _plan_with_fallback(settings_row, state, seed)
         result.policy_seconds = time.perf_counter() - t0
+        result.fallback = settings_row.runtime_fallback
 
         jobs = {j.id: j for j in state.pending}
         ledger = _ledger(snapshot)

@@ -20,7 +20,13 @@ from django.db.models import F
 from django.utils import timezone
 
 from portal.core import validation
-from portal.core.importers import ProfileImportError, ProfileRecord, RowError, parse_profiles
+from portal.core.importers import (
+    ProfileImportError,
+    ProfileRecord,
+    RowError,
+    memory_max_error,
+    parse_profiles,
+)
 from portal.core.models import (
     ApplicationProfile,
     Job,
@@ -335,7 +341,18 @@ def _profile_write(
     record: ProfileRecord, *, profile: ApplicationProfile | None, **extra: Any
 ) -> ApplicationProfile:
     """Create (``profile`` None) or update a profile from a validated record: only the fields
-    the record gives are written; child tables are replaced when the record gives them."""
+    the record gives are written; child tables are replaced when the record gives them.
+    Raises ValidationError on ``gpu_memory_max_mb`` when the resulting maximum is below the
+    peak of the resulting memory steps (``importers.memory_max_error``)."""
+    max_mb = record.fields.get(
+        "gpu_memory_max_mb", profile.gpu_memory_max_mb if profile is not None else None
+    )
+    steps = record.memory_steps
+    if steps is None and profile is not None:
+        steps = [(s.start_fraction, s.from_mb, s.to_mb) for s in profile.memory_steps.all()]
+    problem = memory_max_error(max_mb, steps)
+    if problem:
+        raise ValidationError({"gpu_memory_max_mb": [problem]})
     if profile is None:
         profile = ApplicationProfile(**record.fields, **extra)
     else:
@@ -440,12 +457,21 @@ def profile_import(
             raise ProfileImportError(errors)
         for record in records:
             current = existing.get(record.key)
-            if current is None:
-                result.created.append(
-                    _profile_write(record, profile=None, created_by=actor, **approval)
+            try:
+                if current is None:
+                    result.created.append(
+                        _profile_write(record, profile=None, created_by=actor, **approval)
+                    )
+                else:
+                    result.updated.append(_profile_write(record, profile=current, **approval))
+            except ValidationError as exc:  # checked against the stored profile: a row error
+                errors.extend(
+                    RowError(record.row, field, message)
+                    for field, messages in exc.message_dict.items()
+                    for message in messages
                 )
-            else:
-                result.updated.append(_profile_write(record, profile=current, **approval))
+        if errors:  # all or nothing: the rows written above are rolled back
+            raise ProfileImportError(errors)
     return result
 
 

@@ -43,6 +43,9 @@ def profile_defaults(profile: ApplicationProfile) -> dict[str, Any]:
     inputs the profile was measured with.
     """
     on_gpu = profile.gpu_memory_max_mb is not None or bool(profile.gpu_times.all())
+    # the declared maximum, or the memory steps' peak if that is higher (older profiles)
+    peaks = [max(s.from_mb, s.to_mb) for s in profile.memory_steps.all()]
+    memory_mb = max([profile.gpu_memory_max_mb or 0.0, *peaks]) or None
     params: dict[str, Any] = {}
     for key in ("batch_size", "image_size", "dataset"):
         value = getattr(profile, key)
@@ -52,11 +55,7 @@ def profile_defaults(profile: ApplicationProfile) -> dict[str, Any]:
     return {
         "kind": profile.kind,
         "gpus": 1 if on_gpu else 0,
-        "gpu_memory_mb": (
-            math.ceil(profile.gpu_memory_max_mb)
-            if on_gpu and profile.gpu_memory_max_mb is not None
-            else None
-        ),
+        "gpu_memory_mb": math.ceil(memory_mb) if on_gpu and memory_mb is not None else None,
         "params": params,
     }
 
@@ -206,7 +205,7 @@ class JobSubmitForm(forms.Form):
 
     def profile_defaults(self) -> dict[int, dict[str, Any]]:
         """``profile_defaults`` of every selectable profile, for the page's small script."""
-        profiles = self.fields["profile"].queryset.prefetch_related("gpu_times")
+        profiles = self.fields["profile"].queryset.prefetch_related("gpu_times", "memory_steps")
         return {profile.pk: profile_defaults(profile) for profile in profiles}
 
     def filled_from_profile(self) -> dict[str, Any]:

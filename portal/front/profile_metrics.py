@@ -132,3 +132,25 @@ def gpu_time_rows(profile: ApplicationProfile) -> list[GpuTimeRow]:
         GpuTimeRow(t.gpu_model, t.time_s, cpu / t.time_s if cpu and t.time_s > 0 else None)
         for t in profile.gpu_times.all()
     ]
+
+
+@dataclass(frozen=True)
+class SourceRow:
+    label: str
+    source: str
+
+
+def source_rows(profile: ApplicationProfile) -> list[SourceRow]:
+    """Where the profile's numbers come from (``ApplicationProfile.sources``), labelled as on
+    the page: "GPU time, A30", "GPU memory, max", "Memory steps", ..."""
+    labels = {field: label for *_head, metrics in _SECTIONS for field, label, _unit in metrics}
+    rows = []
+    for key, source in (profile.sources or {}).items():
+        if key.startswith("gpu_time_s."):
+            label = f"GPU time, {key.split('.', 1)[1]}"
+        elif key == "memory_steps":
+            label = "Memory steps"
+        else:
+            label = labels.get(key) or key.replace("_", " ")
+        rows.append(SourceRow(label, str(source)))
+    return sorted(rows, key=lambda r: r.label.lower())

@@ -143,6 +143,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "past_placements": [p for p in placements if not p.active],
             "attempts": selectors.job_attempts(job),
             "elastic_changes": list(job.elastic_changes.all()),
+            "ratio_changes": list(job.ratio_changes.all()),
             "can_cancel": not job.is_terminal,
             "can_preempt": request.user.is_staff and job.state in PLACED,
             "admin_url": _admin_url("core_job_change", job.pk) if request.user.is_staff else None,
@@ -219,6 +220,7 @@ def profile_detail(request: HttpRequest, profile_id: int) -> HttpResponse:
             "profile": profile,
             "sections": profile_metrics.sections(profile),
             "gpu_times": profile_metrics.gpu_time_rows(profile),
+            "sources": profile_metrics.source_rows(profile),
             "memory_steps": profile.memory_steps.all(),
             "classes": profile_metrics.derived_classes(profile),
             "admin_url": (

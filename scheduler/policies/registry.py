@@ -38,7 +38,7 @@ POLICIES: dict[str, str] = {
     "sharing_chain": "scheduler.policies.sharing_chain:SharingChainPolicy",
     "elastic": "scheduler.policies.elastic:ElasticPolicy",
     "hetero_srtf": "scheduler.policies.hetero_srtf:HeteroSrtfPolicy",
-    # Later: "slowdown_dr".
+    "slowdown_dr": "scheduler.policies.slowdown_dr:SlowdownDrPolicy",
 }
 
 #: ``<name>+exec_plan`` works for any registered placement policy ``name`` (the execution plan

@@ -2,11 +2,15 @@
 
 ``load_demo`` makes what ``make demo`` runs: two virtual GPU nodes (2 Titan Xp, 2 A30), a CPU
 node, the 25 jobs of the paper (13 CNN-MNIST, 5 BlackScholes, 5 Binomial, LAMMPS, GROMACS) as
-emulated processes, and ``placement_rate+exec_plan`` with 5 jobs per GPU. The embedded loop
-runs them (real subprocesses; the GPUs are the ``virtual`` backend's). We check the two things
-the paper is about: the rate split sends jobs to both node kinds at once, and the memory plan
-pauses LAMMPS before its 8.3 GB step overflows a shared Titan Xp, with the process really
-stopped (SIGSTOP) and continued, and the reason on the job's page.
+emulated processes, each declaring Table 2's GPU memory, and ``placement_rate+exec_plan`` with
+5 jobs per GPU. The embedded loop runs them (real subprocesses; the GPUs are the ``virtual``
+backend's). Since the demo profiles have A30 times (issue 18), the four GPUs' 20 container
+slots hold nearly the whole set, so the rate split rightly keeps the jobs on the GPUs (the
+paper's testbed had fewer GPU slots; the CPU side of the demo is checked with its arrival stream
+in tests/portal/test_demo_cluster.py, the split itself in the simulator's seed004 tests).
+We check the ranking, and the memory plan: LAMMPS declares Table 2's 2,273 MB, and the plan
+pauses it before its 8.3 GB step overflows a shared Titan Xp, with the process really stopped
+(SIGSTOP) and continued, and the reason on the job's page.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ def _proc_state(pid: int) -> str:
         return "gone"
 
 
-def test_demo_seed004_set_splits_cpu_and_gpu_and_the_plan_pauses_lammps(settings, tmp_path, client):
+def test_demo_seed004_set_ranks_by_rate_and_the_plan_pauses_lammps(settings, tmp_path, client):
     call_command("load_demo", "--emulate-scale", SCALE, stdout=StringIO())
     lammps = Job.objects.get(name="LAMMPS-1")
     # The LAMMPS process's state as a watcher thread sees it (every 20 ms): stopped by the
@@ -73,18 +77,12 @@ def test_demo_seed004_set_splits_cpu_and_gpu_and_the_plan_pauses_lammps(settings
         stop.set()
         watcher.join(5)
 
-    # The split: GPU jobs and CPU jobs at once.
+    # The ranking: CNNs first, on both GPU models (the A30s have estimated times now).
     sides: dict[str, set[str]] = {}
     for p in Placement.objects.select_related("job", "node"):
-        sides.setdefault(p.job.name.rsplit("-", 1)[0], set()).add(p.node.kind)
-    assert sides["CNN-MNIST"] == {"gpu"}, sides
-    assert sides["BlackScholes"] == {"cpu"} and sides["Binomial"] == {"cpu"}, sides
-    assert sides["LAMMPS"] == {"gpu"}, sides
-    first_gpu = Placement.objects.filter(node__kind="gpu").order_by("created_at").first()
-    first_cpu = Placement.objects.filter(node__kind="cpu").order_by("created_at").first()
-    assert abs((first_gpu.created_at - first_cpu.created_at).total_seconds()) < 5, (
-        "both node kinds should start working at once"
-    )
+        sides.setdefault(p.job.name.rsplit("-", 1)[0], set()).add(p.node.name)
+    assert sides["CNN-MNIST"] == {"gpu-titanxp-1", "gpu-a30-1"}, sides
+    assert sides["LAMMPS"] == {"gpu-titanxp-1"}, sides
     explanation = Placement.objects.get(job__name="CNN-MNIST-1").explanation
     assert "rate " in explanation and "GPU capacity for" in explanation, explanation
 

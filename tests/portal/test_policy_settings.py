@@ -127,3 +127,22 @@ def test_a_policy_that_fails_on_the_current_queue_is_refused(monkeypatch):
         "params": "the policy fails on the current queue: RuntimeError: boom"
     }
     assert validate_policy_settings("fifo", {}, trial=False) == {}
+
+
+@pytest.mark.parametrize("name", available_policies())
+def test_every_parameter_of_every_registered_policy_is_documented(name):
+    """Help text for the admin form and docs/reference, and a default inside its own range."""
+    from portal.core.policy_settings import check_value
+
+    specs = policy_parameters(name)
+    for spec in specs:
+        assert len(spec.help) >= 15, f"{name}: parameter {spec.name} has no help text"
+        assert check_value(spec, spec.default) is None, f"{name}: default of {spec.name}"
+
+
+def test_a_text_parameter_is_checked_and_offered_as_text(client, staff):
+    errors = validate_policy_settings("coscheml", {"model": 3}, trial=False)
+    assert "must be non-empty text" in errors["model"]
+    client.force_login(staff)
+    html = client.get(ADD + "?policy=coscheml").content.decode()
+    assert 'name="param__model"' in html and "the trained interference model" in html

@@ -297,9 +297,11 @@ def test_a_gang_that_does_not_fit_on_one_of_its_nodes_is_not_written_at_all(alic
     assert Placement.objects.filter(active=True).count() == 1  # nothing of the gang on g1
 
 
-def test_unknown_policy_name_fails_loudly(alice):
+def test_unknown_policy_name_is_reported_and_fifo_runs_instead(alice):
     make_node("g1")
     use_policy("no_such_policy")
-    submit(alice, "a")
-    with pytest.raises(ValueError, match="unknown policy"):
-        run_cycle()
+    job = submit(alice, "a")
+    result = run_cycle()
+    assert result.placed == [job.pk] and result.fallback == "fifo"
+    row = PolicySettings.objects.get(active=True)
+    assert "unknown policy 'no_such_policy'" in row.runtime_error

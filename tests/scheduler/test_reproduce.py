@@ -36,3 +36,17 @@ def test_seed_zero_keeps_the_scenario_order():
     jobs = list(range(10))
     assert reproduce.shuffled(jobs, 0) == jobs
     assert sorted(reproduce.shuffled(jobs, 3)) == jobs and reproduce.shuffled(jobs, 3) != jobs
+
+
+def test_slowdown000_lowers_the_settled_gap_in_every_set(tmp_path):
+    assert reproduce.main(["slowdown000", "--quiet", "--out", str(tmp_path)]) == 0
+    summary = pd.read_csv(tmp_path / "summary.csv")
+    assert summary["completed"].all() and len(summary) == 6
+    for key in ("a", "b", "c"):
+        rows = summary[summary["set"] == key].set_index("policy")
+        static, dr = rows.loc["loadbalance"], rows.loc["slowdown_dr"]
+        assert static.ratio_changes == 0 and dr.ratio_changes > 0
+        assert dr.sd_max_diff_settled < static.sd_max_diff_settled
+        assert dr.job_sd_max <= static.job_sd_max + 0.01
+    samples = pd.read_csv(tmp_path / "runs.csv")
+    assert {"set", "policy", "t_s", "max_diff", "util_pct"} <= set(samples.columns)

@@ -16,8 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # What portal code may import from workers: the protocol, and two pure helpers that import
 # nothing of portal or Django (checked below), so no edge leads back: the definition of the
-# live Slow-Down metrics (used by portal.core.metrics) and the log tail reader (portal.api).
-PORTAL_MAY_IMPORT = {"workers.protocol", "workers.slowdown", "workers.launcher"}
+# live Slow-Down metrics (used by portal.core.metrics) and the log tail reader (portal.api); and
+# the training SDK's wire format (workers.sdk.client: the jobs' side of portal.core.training).
+PORTAL_MAY_IMPORT = {
+    "workers.protocol",
+    "workers.slowdown",
+    "workers.launcher",
+    "workers.sdk.client",
+}
 # The one place that hosts agents inside the portal's process: the embedded default.
 AGENT_HOSTS = {
     "portal/core/management/commands/run_embedded.py": {

@@ -20,6 +20,9 @@ MODULES = [
     "workers.protocol",
     "workers.runner",
     "workers.agent",
+    "workers.sdk",
+    "workers.sdk.client",
+    "workers.emulate_dp",
 ]
 
 

@@ -29,6 +29,11 @@ use are kept, a layout that drops one is refused), as the nvml backend does on a
 MIG job attached with a profile takes a free instance of it; without one, the instance is
 created next to those in use (if the compute slices allow), as the simulator does.
 
+**Data-parallel emulated jobs** (``workers.emulate_dp``) publish their data ratios in
+``shares_dir``: such a job drives ``100 * u * DR[g] / 10 / factor`` percent of GPU ``g`` (its
+solo work there per second of its slowed iterations) wherever its ratio sends work, and nothing
+through its placement.
+
 No randomness: the same calls give the same readings.
 """
 
@@ -38,10 +43,12 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from scheduler.catalog import MigLayoutError, check_mig_layout, gpu_spec
 from scheduler.domain import GpuSpec, JobSpec, MigProfile, Profile, SharingMode
 from scheduler.interference import InterferenceModel, NoInterference, co_run_slowdown
+from workers.emulate_dp import read_board
 from workers.gpu.base import (
     DEFAULT_CLOCK,
     Clock,
@@ -128,6 +135,9 @@ class VirtualBackend:
         self.interference = interference
         self.clock = clock
         self.jobs: dict[str, VirtualJob] = {}
+        # Where emulated data-parallel jobs publish their shares (workers.emulate_dp; the agent
+        # sets it). Their utilisation follows their data ratios instead of their placement.
+        self.shares_dir: Path | None = None
         self._mig_serial = 0
         # Per GPU index: its MIG instances, (profile, uuid), in slot order.
         self.mig_layouts: dict[int, list[tuple[str, str]]] = {}
@@ -352,8 +362,17 @@ class VirtualBackend:
         """Utilisation (percent) of virtual GPU ``index`` now; see the module docstring."""
         spec = self.specs[index]
         total = 0.0
+        board = read_board(self.shares_dir) if self.shares_dir is not None else []
+        by_ratio = {str(e.get("job")) for e in board if e.get("job")}
+        for entry in board:
+            ratio = entry.get("ratio") or []
+            if index < len(ratio) and ratio[index] > 0:
+                u = float(entry.get("u", 1.0))
+                total += (
+                    100.0 * u * ratio[index] / 10.0 / max(float(entry.get("factor", 1.0)), 1e-9)
+                )
         for job in self._jobs_on(index):
-            if job.paused:
+            if job.paused or job.job_id in by_ratio:
                 continue
             util = job.profile.gpu_util_pct
             util = DEFAULT_UTIL_PCT if util is None else float(util)

@@ -31,9 +31,10 @@ class EmbeddedLoop:
     ``interval`` seconds), and the beat schedule's maintenance tasks (lost nodes, cluster
     metrics, retention) at their own periods, run in this thread since there is no beat."""
 
-    def __init__(self, agents: list[Any], interval: float = 2.0) -> None:
+    def __init__(self, agents: list[Any], interval: float = 2.0, arrivals: Any = None) -> None:
         self.agents = agents
         self.interval = interval
+        self.arrivals = arrivals  # a portal.core.demo.ArrivalStream, or None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cosched-loop", daemon=True)
@@ -66,6 +67,11 @@ class EmbeddedLoop:
         from portal.core.scheduling import run_cycle
 
         close_old_connections()
+        if self.arrivals is not None:
+            try:
+                self.arrivals.step()
+            except Exception:  # an arrival that cannot be submitted must not stop the loop
+                log.exception("demo arrival failed")
         run_cycle()
         outbox_relay()
         for agent in self.agents:
@@ -150,6 +156,26 @@ class Command(BaseCommand):
         parser.add_argument(
             "--no-server", action="store_true", help="run the loop only (until Ctrl-C)"
         )
+        parser.add_argument(
+            "--arrivals-per-minute",
+            type=float,
+            default=0.0,
+            help="submit demo jobs for the demo user at this mean rate (Poisson arrivals of "
+            "the demo's applications; 0: off; `make demo` uses 12)",
+        )
+        parser.add_argument(
+            "--arrivals-scale",
+            type=float,
+            default=0.2,
+            help="the arriving jobs' emulator --scale (profile times x this; default 0.2)",
+        )
+        parser.add_argument(
+            "--arrivals-max-queued",
+            type=int,
+            default=20,
+            help="skip arrivals while the demo user has this many jobs queued (default 20)",
+        )
+        parser.add_argument("--arrivals-seed", type=int, default=None, help="arrivals' seed")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if not settings.CELERY_TASK_ALWAYS_EAGER:
@@ -166,11 +192,29 @@ class Command(BaseCommand):
         # SIGTERM (a service manager, `kill`) ends the run like Ctrl-C: the finally below kills
         # the job processes instead of leaving them orphaned.
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        loop = EmbeddedLoop(agents, interval=opts["interval"])
+        arrivals = None
+        if opts["arrivals_per_minute"] < 0 or opts["arrivals_max_queued"] < 1:
+            raise CommandError("--arrivals-per-minute must be >= 0, --arrivals-max-queued >= 1")
+        if opts["arrivals_per_minute"] > 0:
+            from portal.core.demo import ArrivalStream
+
+            arrivals = ArrivalStream(
+                opts["arrivals_per_minute"],
+                scale=opts["arrivals_scale"],
+                max_queued=opts["arrivals_max_queued"],
+                seed=opts["arrivals_seed"],
+            )
+        loop = EmbeddedLoop(agents, interval=opts["interval"], arrivals=arrivals)
         loop.start()
         loop.wake("start")
         names = ", ".join(a.name for a in agents) or "none"
         self.stdout.write(f"embedded loop running; in-process virtual nodes: {names}")
+        if arrivals is not None:
+            self.stdout.write(
+                f"demo arrivals: {arrivals.per_minute:g} jobs/min for user {arrivals.username} "
+                f"(emulator --scale {arrivals.scale:g}, paused while "
+                f"{arrivals.max_queued} are queued)"
+            )
         try:
             if opts["no_server"]:
                 while True:

@@ -1,0 +1,54 @@
+"""The training SDK's endpoint (``workers.sdk``): ``POST /api/v1/training/report/``.
+
+Authenticated by the attempt's job token (``Authorization: Bearer cjt_...``, from the job's
+``COSCHED_JOB_TOKEN``), never by a user's session or API token. JSON errors: 400 with one
+message per bad field (``{"errors": {field: message}}``, nothing written), 401 a missing,
+malformed or forged token, 403 the token of an attempt that is no longer running, 413 a body
+over 64 KB. See ``portal.core.training``.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from portal.core.training import ReportError, TokenError, job_token_placement, training_report
+
+MAX_REPORT_BYTES = 64 * 1024
+
+
+def _error(status: int, message: str) -> JsonResponse:
+    response = JsonResponse({"detail": message}, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+@csrf_exempt
+@require_POST
+def report(request: HttpRequest) -> HttpResponse:
+    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return _error(401, "give the job's token: Authorization: Bearer <COSCHED_JOB_TOKEN>")
+    try:
+        length = int(request.headers.get("Content-Length") or 0)
+    except ValueError:
+        return _error(400, "bad Content-Length")
+    if length > MAX_REPORT_BYTES:
+        return _error(413, f"a report is at most {MAX_REPORT_BYTES} bytes")
+    try:
+        placement = job_token_placement(key.strip())
+    except TokenError as exc:
+        return _error(exc.status, str(exc))
+    try:
+        data = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return JsonResponse({"errors": {"body": "expected a JSON object"}}, status=400)
+    try:
+        reply = training_report(placement, data)
+    except ReportError as exc:
+        return JsonResponse({"errors": exc.errors}, status=400)
+    return JsonResponse(reply)
