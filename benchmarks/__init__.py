@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "simulator": "benchmarks.simulator_throughput",
     "api": "benchmarks.api_latency",
     "live": "benchmarks.live_latency",
+    "replay": "benchmarks.replay_throughput",
 }
 """Registered benchmarks in the order the runner runs them."""
 
@@ -28,4 +29,5 @@ DESCRIPTIONS: dict[str, str] = {
     "simulator": "simulator throughput on the named scenarios",
     "api": "REST API latency: POST and GET /api/v1/jobs/ against gunicorn + PostgreSQL",
     "live": "end-to-end submit -> RUNNING latency with Celery and virtual node agents",
+    "replay": "what-if replay of 10,000 finished jobs from PostgreSQL under two policies",
 }

@@ -48,7 +48,7 @@ MODELS = ("K80", "P100", "V100")
 GPUS_PER_NODE = 8
 SCALES = ((1, 0.80), (2, 0.10), (4, 0.07), (8, 0.03))
 
-FULL = {"jobs": 10_000, "gpus": 1_000, "policies": ("fifo", "binpack", "mystic")}
+FULL = {"jobs": 10_000, "gpus": 1_000, "policies": ("fifo", "binpack", "mystic", "hetero_srtf")}
 QUICK = {"jobs": 300, "gpus": 48, "policies": ("fifo", "binpack")}
 
 
@@ -237,7 +237,7 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, policies: Sequence[str] = ()) -> dict:
     """Generate the trace, replay it once per policy (each in a child process), print the
     table and return the figures."""
     sizes = QUICK if quick else FULL
@@ -251,7 +251,7 @@ def run(quick: bool = False) -> dict:
             "one child process per replay"
         )
         rows = []
-        for policy in sizes["policies"]:
+        for policy in policies or sizes["policies"]:
             print(f"  replaying {policy} ...", file=sys.stderr, flush=True)
             rows.append(replay_in_child(str(trace), int(sizes["gpus"]), policy, progress=not quick))
     print(format_rows(rows))
@@ -288,8 +288,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m benchmarks.simulator_throughput", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--quick", action="store_true", help="a small trace only (seconds)")
+    parser.add_argument(
+        "--policy",
+        action="append",
+        default=[],
+        help="replay under this policy only (repeatable; default: the benchmark's list)",
+    )
     args = parser.parse_args(argv)
-    run(quick=args.quick)
+    run(quick=args.quick, policies=args.policy)
     return 0
 
 

@@ -295,6 +295,7 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
         ("state", job.get("state")),
         *([("waiting", job["waiting_reason"])] if job.get("waiting_reason") else []),
         ("owner", job.get("owner")),
+        *([("project", job["project"])] if job.get("project") else []),
         ("kind", job.get("kind")),
         ("profile", _profile_text(job)),
         ("gpus", job.get("gpus")),
@@ -391,6 +392,9 @@ def cmd_submit(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
     if getattr(args, "time_limit", None) is not None:
         fields["time_limit"] = args.time_limit
         raw += f"\n# --time-limit {args.time_limit}".encode()  # another limit, another job
+    if getattr(args, "project", None):
+        fields["project"] = args.project
+        raw += b"\nproject: " + args.project.encode()  # a new project is a new job
     headers: dict[str, str] = {}
     key = (
         None if args.no_idempotency_key else (args.idempotency_key or default_idempotency_key(raw))
@@ -592,6 +596,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
         out.write("No jobs" + (f" in state {args.state.upper()}" if args.state else "") + ".\n")
         return EXIT_OK
     show_owner = len({job.get("owner") for job in jobs}) > 1
+    show_project = len({job.get("project") for job in jobs}) > 1
     show_reason = any(job.get("waiting_reason") for job in jobs)
     headers = [
         "ID",
@@ -600,6 +605,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
         "GPUS",
         "SUBMITTED",
         *(["OWNER"] if show_owner else []),
+        *(["PROJECT"] if show_project else []),
         "NAME",
         *(["WAITING BECAUSE"] if show_reason else []),
     ]
@@ -611,6 +617,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
             job.get("gpus", ""),
             _when(job.get("submitted_at"))[:16],
             *([job.get("owner", "")] if show_owner else []),
+            *([job.get("project") or ""] if show_project else []),
             job.get("name", ""),
             *(
                 [_shorten(job.get("waiting_reason") or "", args.reason_width)]
@@ -623,6 +630,98 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
     out.write(_table(rows, headers) + "\n")
     if total > len(jobs):
         err.write(f"({len(jobs)} of {total} jobs shown; use --limit or --state)\n")
+    return EXIT_OK
+
+
+def cmd_projects(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    _, rows = client.request("GET", "/api/v1/projects/")
+    if args.json:
+        _emit_json(rows, out)
+        return EXIT_OK
+    if not rows:
+        out.write("No projects yet: your first job creates your personal project.\n")
+        return EXIT_OK
+    table = []
+    for row in rows:
+        quotas = ", ".join(
+            f"{q['gpu_model']} {q['in_use_gpus']}/{q['guaranteed_gpus']}"
+            f"+{'any' if q['borrow_limit_gpus'] is None else q['borrow_limit_gpus']}"
+            for q in row.get("quotas", [])
+        )
+        table.append(
+            [
+                row["project"] + (" *" if row.get("is_default") else ""),
+                row["role"],
+                quotas or "-",
+                f"{row['my_usage_gpu_hours']:.2f}",
+                f"{row['factor']:.3f}",
+            ]
+        )
+    headers = ["PROJECT", "ROLE", "QUOTAS (IN USE/GUARANTEED+BORROW)", "MY GPU-H", "FAIR SHARE"]
+    out.write(_table(table, headers) + "\n")
+    out.write("* your default project; GPU-hours decayed by the fair-share half-life\n")
+    return EXIT_OK
+
+
+def cmd_usage(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    params: dict[str, Any] = {"since": args.since, "by": args.by}
+    if args.until:
+        params["until"] = args.until
+    try:
+        _, data = client.request("GET", "/api/v1/usage/", params=params)
+    except CliError as exc:  # a 400 names the bad options, not a job
+        raise CliError(
+            str(exc).replace("rejected the job:", "rejected the options:"), exc.exit_code
+        ) from None
+    if args.json:
+        _emit_json(data, out)
+        return EXIT_OK
+    rows = data.get("rows", [])
+    if args.csv:
+        import csv
+
+        models = sorted({m for row in rows for m in row.get("gpu_seconds_by_model", {})})
+        writer = csv.writer(out, lineterminator="\n")
+        columns = ["jobs", "gpu_seconds", "cpu_seconds", "wait_seconds", "mean_wait_seconds"]
+        writer.writerow([args.by, *columns, *(f"gpu_seconds_{m}" for m in models)])
+        for row in rows:
+            writer.writerow(
+                [
+                    row["group"],
+                    *(round(row[c], 3) for c in columns),
+                    *(round(row["gpu_seconds_by_model"].get(m, 0.0), 3) for m in models),
+                ]
+            )
+        return EXIT_OK
+    out.write(f"Usage {_when(data.get('since'))[:16]} to {_when(data.get('until'))[:16]} UTC\n")
+    if not rows:
+        out.write("No jobs in this window.\n")
+        return EXIT_OK
+    models = sorted({m for row in rows for m in row.get("gpu_seconds_by_model", {})})
+    headers = [args.by.upper(), "JOBS", "GPU-H", *(f"{m}-H" for m in models), "CPU-H", "WAIT-H"]
+    table = [
+        [
+            row["group"],
+            row["jobs"],
+            f"{row['gpu_seconds'] / 3600:.2f}",
+            *(f"{row['gpu_seconds_by_model'].get(m, 0.0) / 3600:.2f}" for m in models),
+            f"{row['cpu_seconds'] / 3600:.2f}",
+            f"{row['wait_seconds'] / 3600:.2f}",
+        ]
+        for row in rows
+    ]
+    total = data.get("total", {})
+    table.append(
+        [
+            "TOTAL",
+            total.get("jobs", 0),
+            f"{total.get('gpu_seconds', 0.0) / 3600:.2f}",
+            *(f"{total.get('gpu_seconds_by_model', {}).get(m, 0.0) / 3600:.2f}" for m in models),
+            f"{total.get('cpu_seconds', 0.0) / 3600:.2f}",
+            f"{total.get('wait_seconds', 0.0) / 3600:.2f}",
+        ]
+    )
+    out.write(_table(table, headers) + "\n")
     return EXIT_OK
 
 
@@ -681,6 +780,7 @@ job file (YAML, or JSON when the name ends in .json; - reads standard input):
   elastic_value_per_hour: 2.0     # optional: an hour sooner is worth 2 GPU-hours
   # elastic_deadline_s: 7200      #   ... or: finish within 2 h of the start (not both)
   max_global_batch: 1024          # optional: the largest global batch
+  project: vision-lab             # optional: a project you belong to (default: yours)
 
 Unknown fields are refused (a typo is not ignored). A job that can never run on the cluster
 (more GPUs of one model than exist, more GPU memory than any GPU, more cores than any node) is
@@ -741,6 +841,9 @@ def build_parser() -> argparse.ArgumentParser:
         "step with the same file returns the same job)",
     )
     keys.add_argument("--no-idempotency-key", action="store_true", help="always create a new job")
+    p.add_argument(
+        "--project", help="the project (team) to submit to (default: the file's, else yours)"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="print only the job id")
     p.add_argument(
         "--time-limit",
@@ -805,6 +908,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="cut waiting reasons to this many characters (0: whole; default 70)",
     )
     p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser(
+        "projects",
+        parents=[common],
+        help="your projects: role, GPU quotas and what they hold now, fair share",
+    )
+    p.set_defaults(func=cmd_projects)
+
+    p = sub.add_parser(
+        "usage",
+        parents=[common],
+        help="GPU-hours, CPU-hours and wait per project, user or job",
+        description=(
+            "Usage accounting over the jobs you can see (yours and your projects'; staff: all): "
+            "GPU-hours by GPU model, CPU core-hours and time queued."
+        ),
+    )
+    p.add_argument("--since", default="30d", help="7d, 24h, 30m, 2w or a date (default 30d)")
+    p.add_argument("--until", help="same forms (default: now)")
+    p.add_argument("--by", choices=["project", "user", "job"], default="project")
+    p.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    p.set_defaults(func=cmd_usage)
 
     p = sub.add_parser(
         "completion",

@@ -5,6 +5,7 @@ DEBUG on, a development secret key. A deployment sets ``DATABASE_URL``, ``REDIS_
 ``SECRET_KEY``, ``DEBUG=0`` and ``ALLOWED_HOSTS``.
 """
 
+import ipaddress
 from datetime import timedelta
 from pathlib import Path
 
@@ -37,6 +38,8 @@ INSTALLED_APPS = [
     "portal.api",
     "portal.front",
     "portal.ml",
+    "portal.replay",
+    "portal.teams",
 ]
 
 MIDDLEWARE = [
@@ -222,7 +225,20 @@ COSCHED = {
     # SIGTERM, then SIGKILL this many seconds later, when a node stops a job that was preempted,
     # requeued or cancelled, or that ran past its time limit: the job's time to checkpoint.
     "STOP_GRACE_S": envfloat("COSCHED_STOP_GRACE_S", 10.0),
+    # Prometheus /metrics (docs/metrics.md): a scrape passes with this bearer token, or from an
+    # address in one of these networks (comma-separated addresses or CIDRs; loopback default).
+    "METRICS_TOKEN": envstr("COSCHED_METRICS_TOKEN"),
+    "METRICS_ALLOWED_NETWORKS": envlist("COSCHED_METRICS_ALLOWED_NETWORKS", "127.0.0.0/8,::1/128"),
+    # Fair share (docs/projects.md): past usage counts half after this many seconds; CPU-only
+    # jobs count their core-seconds times FAIRSHARE_CPU_WEIGHT (GPU-seconds count 1).
+    "FAIRSHARE_HALF_LIFE_S": envfloat("COSCHED_FAIRSHARE_HALF_LIFE_S", 7 * 24 * 3600.0),
+    "FAIRSHARE_CPU_WEIGHT": envfloat("COSCHED_FAIRSHARE_CPU_WEIGHT", 0.0),
 }
+for _net in COSCHED["METRICS_ALLOWED_NETWORKS"]:  # a typo fails at start-up, not per scrape
+    try:
+        ipaddress.ip_network(_net, strict=False)
+    except ValueError as _exc:
+        raise ValueError(f"COSCHED_METRICS_ALLOWED_NETWORKS: {_exc}") from None
 if COSCHED["LEASE_S"] <= 2 * COSCHED["SYNC_INTERVAL_S"] or COSCHED["LEASE_MARGIN_S"] <= 0:
     raise ValueError(
         "COSCHED_LEASE_S must exceed two sync intervals (COSCHED_SYNC_INTERVAL_S) and "

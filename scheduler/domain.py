@@ -205,6 +205,8 @@ class JobSpec:
     # The user's time limit (s, per attempt; ``scheduler.durations``): the node stops the job
     # when it runs longer. An upper bound of its run time that policies may use as an estimate.
     time_limit_s: float | None = None
+    # The project (team) the job is accounted to: quotas and fair share (docs/projects.md).
+    project: str | None = None
 
     def memory_need_mb(self) -> float:
         """GPU memory per GPU this job needs: asked, else profiled max, else 0."""
@@ -369,6 +371,29 @@ class RunningJob:
 
 
 @dataclass(frozen=True, slots=True)
+class ProjectQuota:
+    """A project's quota on one GPU model (docs/projects.md): ``guaranteed`` GPUs it gets
+    whenever it asks (borrowed ones are reclaimed for it), and at most ``borrow_limit`` GPUs
+    more while others leave them idle (None: no limit)."""
+
+    project: str
+    gpu_model: str
+    guaranteed: int = 0
+    borrow_limit: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Accounts:
+    """Who may use what, and who used what: project quotas and the decayed usage fair share
+    reads (``scheduler.fairshare``). ``usage`` maps ``(project, user)`` to decayed usage
+    (GPU-seconds, halved every half-life); ``shares`` a project to its shares (missing: 1)."""
+
+    quotas: tuple[ProjectQuota, ...] = ()
+    usage: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    shares: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class ClusterState:
     """One frozen snapshot handed to a policy. ``pending`` is in queue (submission) order."""
 
@@ -376,6 +401,7 @@ class ClusterState:
     nodes: tuple[NodeState, ...]
     pending: tuple[JobSpec, ...]
     running: tuple[RunningJob, ...] = ()
+    accounts: Accounts = field(default_factory=Accounts)
 
     def node(self, name: str) -> NodeState:
         for n in self.nodes:

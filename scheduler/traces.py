@@ -64,6 +64,7 @@ PROFILE_TRACE_OPTIONAL = (
     "priority",
     "kind",
     "job_type",
+    "owner",  # who submitted it (the portal's export: a user name); MPS and per-user reports
 )
 ALIBABA_COLUMNS = ("name", "cpu_milli", "num_gpu", "gpu_milli", "creation_time", "deletion_time")
 
@@ -491,6 +492,7 @@ def read_profile_trace(
                 priority=to_int(row.get("priority") or 0, field="priority", **loc),
                 profile=profile,
                 job_type=row.get("job_type") or None,
+                owner=row.get("owner") or None,
             )
         )
     return _by_arrival(jobs)
@@ -522,6 +524,7 @@ def write_profile_trace(
                     job.priority,
                     job.kind.value,
                     job.job_type or "",
+                    job.owner or "",
                 ]
             )
     docs = [profile_to_dict(p) for p in profiles.values()]

@@ -2,9 +2,10 @@
 ``/api/v1/jobs/{id}/series/``, ``/api/v1/jobs/{id}/log/``), polled by ``static/js/dashboard.js``
 every few seconds and documented in the OpenAPI schema like the rest of the API.
 
-Privacy: a user sees only their own jobs, staff see all (``selectors.jobs_visible_to``). On the
-cluster overview another user's job shows as "another user's job" with no id, name or owner;
-another user's job series or log is a 404, as everywhere else in the API.
+Privacy: a user sees their own jobs and their projects' jobs, staff see all
+(``selectors.jobs_visible_to``). On the cluster overview anyone else's job shows as "another
+user's job" with no id, name or owner; another user's job series or log is a 404, as everywhere
+else in the API.
 
 Series come from ``portal.core.metrics.metrics_series`` (downsampled: never more than
 ``max_points`` points per series) over a window of ``window_s`` seconds ending now.
@@ -31,6 +32,7 @@ from portal.api.serializers import ErrorSerializer
 from portal.core import metrics, selectors
 from portal.core.models import Gpu, Job, Node, Placement, PolicySettings
 from portal.core.states import PLACED, JobState
+from portal.teams.selectors import can_see_job, project_ids_of
 
 DEFAULT_WINDOW_S = 900
 MAX_WINDOW_S = 7 * 24 * 3600
@@ -213,9 +215,11 @@ def _series_set(since: datetime, until: datetime, max_points: int, series: list)
 # -- cluster overview ---------------------------------------------------------------------------
 
 
-def _job_ref(placement: Placement, user: Any, latest: dict[int, dict]) -> dict[str, Any]:
+def _job_ref(
+    placement: Placement, user: Any, latest: dict[int, dict], project_ids: set[int]
+) -> dict[str, Any]:
     job = placement.job
-    visible = user.is_staff or job.owner_id == user.pk
+    visible = can_see_job(user, job, project_ids)
     live = latest.get(job.pk, {}) if visible else {}
     return {
         "id": job.pk if visible else None,
@@ -241,14 +245,15 @@ def overview_nodes(nodes: list[Node], user: Any, now: datetime) -> list[dict[str
         .order_by("job_id")
     )
     gpu_ids = [g.pk for n in nodes for g in n.gpus.all()]
-    visible_job_ids = [p.job_id for p in placements if user.is_staff or p.job.owner_id == user.pk]
+    project_ids = project_ids_of(user)
+    visible_job_ids = [p.job_id for p in placements if can_see_job(user, p.job, project_ids)]
     latest = metrics.metrics_latest(gpu_ids=gpu_ids, job_ids=visible_job_ids)
     by_gpu: dict[int, list[dict]] = {}
     by_node_cpu: dict[int, list[dict]] = {}
     job_count: dict[int, int] = {}
     for p in placements:
         job_count[p.node_id] = job_count.get(p.node_id, 0) + 1
-        ref = _job_ref(p, user, latest["jobs"])
+        ref = _job_ref(p, user, latest["jobs"], project_ids)
         gpus = p.gpus.all()
         for gpu in gpus:
             by_gpu.setdefault(gpu.pk, []).append(ref)
@@ -462,7 +467,7 @@ def gpu_series(request: Request, pk: int) -> Response:
 
 
 @extend_schema(
-    summary="One job's live Slow-Down and progress over time (owner or staff)",
+    summary="One job's live Slow-Down and progress over time (owner, project members or staff)",
     parameters=[
         OpenApiParameter(
             "metric",
@@ -539,7 +544,7 @@ def job_log_path(job_id: int) -> Path:
 
 
 @extend_schema(
-    summary="The tail of a job's log (owner or staff)",
+    summary="The tail of a job's log (owner, project members or staff)",
     description=(
         "The last 16 KB of the job's stdout and stderr: as last pushed by the node agent, or "
         "read from the job's log file when this host has it."
@@ -623,6 +628,9 @@ class QueueRowSerializer(serializers.Serializer):
     id = serializers.IntegerField(allow_null=True, help_text="null: another user's job")
     name = serializers.CharField(allow_null=True, help_text="null: another user's job")
     owner = serializers.CharField(allow_null=True, help_text="shown to staff and to the owner")
+    project = serializers.CharField(
+        allow_null=True, required=False, help_text="shown to staff, the owner and its members"
+    )
     mine = serializers.BooleanField()
     gpus = serializers.IntegerField()
     cpus = serializers.IntegerField()

@@ -279,6 +279,16 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         "else empty",
     )
     owner = serializers.CharField(source="owner.get_username", read_only=True)
+    project = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        allow_null=True,
+        max_length=100,
+        help_text=(
+            "the project (team) the job belongs to: one you are a member of; empty: your "
+            "default project (docs/projects.md)"
+        ),
+    )
     profile_name = serializers.CharField(
         source="profile.name", read_only=True, allow_null=True, default=None
     )
@@ -318,6 +328,7 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "time_limit",
             "state",
             "owner",
+            "project",
             "submitted_at",
             "scheduled_at",
             "started_at",
@@ -369,6 +380,14 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         errors.update(getattr(self, "_unknown_errors", {}))
         for name, messages in services.job_rule_errors(values, skip=set(errors)).items():
             errors.setdefault(name, []).extend(messages)
+        request = self.context.get("request")
+        if request is not None and "project" not in errors:
+            from portal.teams.services import project_for_submission
+
+            try:
+                project_for_submission(request.user, values.get("project"))
+            except DjangoValidationError as exc:
+                errors["project"] = exc.message_dict["project"]
         if errors:
             raise serializers.ValidationError(errors)
         return values

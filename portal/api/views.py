@@ -17,7 +17,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action, api_view
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
@@ -43,6 +43,7 @@ from portal.core import selectors, services
 from portal.core.importers import ProfileImportError
 from portal.core.models import ApplicationProfile, Job
 from portal.core.states import IllegalTransition
+from portal.teams.selectors import can_control_job
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -111,7 +112,15 @@ class JobViewSet(
         return JobDetailSerializer if self.action == "retrieve" else JobSerializer
 
     def get_object(self) -> Any:
-        return selectors.job_for_user(self.request.user, self.kwargs["pk"])
+        job = selectors.job_for_user(self.request.user, self.kwargs["pk"])
+        if self.action in ("cancel", "pause", "resume") and not can_control_job(
+            self.request.user, job
+        ):
+            raise PermissionDenied(
+                f"job {job.pk} belongs to {job.owner.get_username()} in project "
+                f"{job.project}: only its owner, the project's managers and staff may change it"
+            )
+        return job
 
     @extend_schema(
         summary="Submit a job",

@@ -339,11 +339,21 @@ class PlacementInline(admin.TabularInline):
 class JobAdmin(admin.ModelAdmin):
     """Read-mostly: jobs change state only through the state machine (action: cancel)."""
 
-    list_display = ["id", "name", "owner", "state", "kind", "gpus", "priority", "submitted_at"]
-    list_filter = ["state", "kind"]
-    search_fields = ["name", "owner__username", "command"]
+    list_display = [
+        "id",
+        "name",
+        "owner",
+        "project",
+        "state",
+        "kind",
+        "gpus",
+        "priority",
+        "submitted_at",
+    ]
+    list_filter = ["state", "kind", "project"]
+    search_fields = ["name", "owner__username", "command", "project__name"]
     date_hierarchy = "submitted_at"
-    list_select_related = ["owner"]
+    list_select_related = ["owner", "project"]
     inlines = [PlacementInline, JobEventInline]
     actions = ["cancel"]
     editable_fields = ["priority"]

@@ -253,6 +253,11 @@ class Job(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs"
     )
     name = models.CharField(max_length=200)
+    # Every job belongs to one project (docs/projects.md); filled with the owner's default
+    # project on save when the writer names none.
+    project = models.ForeignKey(
+        "teams.Project", null=True, blank=True, on_delete=models.RESTRICT, related_name="jobs"
+    )
     command = models.TextField(blank=True)
     container_image = models.CharField(max_length=300, blank=True)
     profile = models.ForeignKey(
@@ -317,6 +322,13 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if self.project_id is None and self.owner_id is not None:
+            from portal.teams.services import default_project
+
+            self.project = default_project(self.owner)
+        super().save(*args, **kwargs)
 
     @property
     def is_terminal(self) -> bool:

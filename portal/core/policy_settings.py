@@ -227,6 +227,17 @@ _KNOWN: dict[str, ParamSpec] = {
             0,
             100,
         ),
+        # quota (docs/projects.md)
+        ParamSpec(
+            "base",
+            CHOICE,
+            "the policy that places jobs inside the project quotas",
+            choices=tuple(p for p in _placement_policies() if p != "quota"),
+        ),
+        ParamSpec("base_params", MAPPING, "parameters of that policy", nullable=True),
+        ParamSpec("reclaim", BOOL, "requeue borrowed jobs (newest first) for a guarantee"),
+        ParamSpec("fair_share", BOOL, "order jobs by decayed past usage after priority"),
+        ParamSpec("max_rounds", INT, "runs of the base policy per cycle after refusals", 1, 20),
         # elastic (ALGORITHMS.md §6)
         ParamSpec(
             "scaling_threshold",
@@ -450,8 +461,10 @@ def policy_defaults_of(name: str) -> dict[str, Any]:
     plan, those of the placement policy it wraps (it passes them on)."""
     cls = policy_class(name)
     defaults = dict(cls.defaults)
-    inner = defaults.get("placement")
-    if "exec_plan" in name and isinstance(inner, str) and inner in available_policies():
+    inner = defaults.get("placement") if "exec_plan" in name else None
+    if name == "quota":  # the quota wrapper passes them on to its base policy too
+        inner = defaults.get("base")
+    if isinstance(inner, str) and inner in available_policies():
         for key, value in policy_class(inner).defaults.items():
             defaults.setdefault(key, value)
     return defaults

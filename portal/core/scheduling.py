@@ -40,8 +40,10 @@ from django.utils import timezone
 from portal.core import adapters, training
 from portal.core.models import Gpu, Job, JobEvent, Node, Placement, PlacementPart, PolicySettings
 from portal.core.outbox import emit_nudges
+from portal.core.prometheus import observe_decision_latency
 from portal.core.services import job_nodes, job_preempt, job_transition
 from portal.core.states import PLACED, IllegalTransition, JobState
+from portal.teams.accounting import accounts_snapshot
 from scheduler.domain import (
     Action,
     ActionKind,
@@ -146,14 +148,14 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
     nodes = list(Node.objects.prefetch_related("gpus").order_by("name"))
     placements = list(
         Placement.objects.filter(active=True, job__state__in=[s.value for s in PLACED])
-        .select_related("job", "node", "training")
+        .select_related("job__project", "node", "training")
         .prefetch_related(
             "gpus", "parts__node", "job__profile__gpu_times", "job__profile__memory_steps"
         )
     )
     pending_rows = list(
         Job.objects.filter(state=JobState.PENDING)
-        .select_related("profile")
+        .select_related("profile", "project")
         .prefetch_related("profile__gpu_times", "profile__memory_steps")
         .order_by("submitted_at", "id")[:MAX_PENDING_PER_CYCLE]
     )
@@ -254,6 +256,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
         nodes=tuple(node_states),
         pending=tuple(to_spec(j) for j in pending_rows),
         running=tuple(running),
+        accounts=accounts_snapshot(now),
     )
     return Snapshot(
         state=state,
@@ -276,6 +279,7 @@ def _without_profile(job: Job) -> Job:
     clone = Job(
         pk=job.pk,
         owner_id=job.owner_id,  # MPS serves one user per GPU: policies need the owner
+        project_id=job.project_id,  # quotas and fair share: policies need the project
         name=job.name,
         kind=job.kind,
         gpus=job.gpus,
@@ -292,6 +296,8 @@ def _without_profile(job: Job) -> Job:
         time_limit_s=job.time_limit_s,
     )
     clone.submitted_at = job.submitted_at
+    if job.project_id is not None:
+        clone.project = job.project  # already loaded (select_related): no query
     return clone
 
 
@@ -668,6 +674,8 @@ def run_cycle(*, actor: str = "scheduler", seed: int | None = None) -> CycleResu
         if to_nudge:
             emit_nudges(to_nudge, "scheduling cycle")
     result.seconds = time.perf_counter() - started
+    # Prometheus' decision latency histogram (portal.core.prometheus; best effort, after commit)
+    observe_decision_latency(result.policy_seconds, result.seconds)
     if result.placed or result.actions or result.refused:
         log.info("cycle %s", result.summary())
     return result

@@ -1,8 +1,8 @@
 """Read queries shared by the REST API, the browser pages and the CLI-facing endpoints.
 
-Permission rules live here so every entry point applies the same ones: a user sees only their own
-jobs (someone else's job is "not found", never "forbidden"), staff see all; non-staff see only
-approved profiles.
+Permission rules live here so every entry point applies the same ones: a user sees their own jobs
+and the jobs of the projects they are a member of (anyone else's job is "not found", never
+"forbidden"), staff see all; non-staff see only approved profiles.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, Q, QuerySet, Subquery
 from django.http import Http404
 
 from portal.core.models import (
@@ -23,6 +23,8 @@ from portal.core.models import (
     Placement,
 )
 from portal.core.states import JobState
+from portal.teams.models import Membership
+from portal.teams.selectors import can_see_job, project_ids_of
 
 _KIND_VALUES = {value for value, _label in JOB_KINDS}
 
@@ -60,7 +62,7 @@ def jobs_visible_to(
     ``search`` a substring of the job name. Unknown states or kinds raise ``ValidationError``
     keyed by the parameter name.
     """
-    qs = Job.objects.select_related("owner", "profile").prefetch_related(
+    qs = Job.objects.select_related("owner", "profile", "project").prefetch_related(
         Prefetch(
             "placements",
             queryset=Placement.objects.select_related("node")
@@ -70,7 +72,8 @@ def jobs_visible_to(
         )
     )
     if not user.is_staff:
-        qs = qs.filter(owner=user)
+        member_of = Membership.objects.filter(user=user).values("project_id")
+        qs = qs.filter(Q(owner=user) | Q(project_id__in=Subquery(member_of)))
     states = _parse_states(state)
     if states:
         qs = qs.filter(state__in=states)
@@ -172,19 +175,21 @@ def queue_for(user: Any, *, limit: int = 50) -> tuple[list[dict[str, Any]], int]
     and owner only of the user's own jobs (staff: of every job). Returns ``(rows, total)``."""
     qs = (
         Job.objects.filter(state=JobState.PENDING)
-        .select_related("owner")
+        .select_related("owner", "project")
         .order_by("submitted_at", "id")
     )
     total = qs.count()
     rows = []
+    project_ids = project_ids_of(user)
     for position, job in enumerate(qs[:limit], 1):
-        visible = bool(getattr(user, "is_staff", False)) or job.owner_id == user.pk
+        visible = can_see_job(user, job, project_ids)
         rows.append(
             {
                 "position": position,
                 "id": job.pk if visible else None,
                 "name": job.name if visible else None,
                 "owner": job.owner.get_username() if visible else None,
+                "project": job.project.name if visible and job.project else None,
                 "mine": job.owner_id == user.pk,
                 "gpus": job.gpus,
                 "cpus": job.cpus,

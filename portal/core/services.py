@@ -217,7 +217,14 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
     request created (``created`` False) instead of a second one; a different body under the same
     key raises ``IdempotencyConflict``. Returns ``(job, created)``.
     """
+    from portal.teams.services import project_for_submission
+
+    project_name = data.pop("project", None)
     errors = job_rule_errors(data)
+    try:
+        project = project_for_submission(owner, project_name)
+    except ValidationError as exc:
+        errors.setdefault("project", []).extend(exc.message_dict["project"])
     if errors:
         raise ValidationError(errors)
     profile: ApplicationProfile | None = data.get("profile")
@@ -229,6 +236,7 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
     if idempotency_key:
         fingerprint = _fingerprint(
             {k: (v.pk if isinstance(v, ApplicationProfile) else v) for k, v in data.items()}
+            | ({"project": project.name} if project_name else {})
         )
         existing = Job.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
         if existing is not None:
@@ -241,6 +249,7 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
         with transaction.atomic():
             job = Job.objects.create(
                 owner=owner,
+                project=project,
                 idempotency_key=idempotency_key or None,
                 idempotency_fingerprint=fingerprint,
                 waiting_reason=validation.admission_note(data),

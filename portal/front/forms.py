@@ -173,12 +173,25 @@ class JobSubmitForm(forms.Form):
         required=False,
         help_text='A JSON object, e.g. {"batch_size": 64, "epochs": 10}',
     )
+    project = forms.ChoiceField(
+        choices=[("", "My default project")],
+        required=False,
+        help_text="The project (team) the job is accounted to; its members see the job.",
+    )
     # One per rendered form: a double-click or a resent POST returns the same job.
     submit_token = forms.CharField(widget=forms.HiddenInput, required=False)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["profile"].queryset = selectors.approved_profiles()
+        if user is not None:
+            from portal.teams.services import default_project, projects_of
+
+            default = default_project(user)
+            self.fields["project"].choices = [
+                (p.name, p.name + (" (default)" if p == default else "")) for p in projects_of(user)
+            ]
+            self.fields["project"].initial = default.name
         if not self.is_bound:
             self.initial.setdefault("submit_token", uuid.uuid4().hex)
 
@@ -242,6 +255,7 @@ class JobSubmitForm(forms.Form):
         fields["priority"] = fields["priority"] or 0
         fields["command"] = fields["command"] or ""
         fields["container_image"] = fields["container_image"] or ""
+        fields["project"] = self.cleaned_data.get("project") or None
         return fields
 
 

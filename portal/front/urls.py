@@ -2,6 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from portal.front import views
+from portal.teams import views as teams_views
 
 urlpatterns = [
     path("", views.index, name="index"),
@@ -15,6 +16,7 @@ urlpatterns = [
     path("profiles/", views.profiles, name="profiles"),
     path("profiles/<int:profile_id>/", views.profile_detail, name="profile_detail"),
     path("cluster/", views.cluster, name="cluster"),
+    path("usage/", teams_views.usage_page, name="usage"),
     path("account/", views.account, name="account"),
     path("account/tokens/", views.token_new, name="token_new"),
     path("account/tokens/<int:token_id>/revoke/", views.token_revoke_view, name="token_revoke"),

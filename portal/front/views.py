@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -24,6 +25,8 @@ from portal.front import profile_metrics
 from portal.front.forms import JobFilterForm, JobSubmitForm, ProfileFilterForm, TokenCreateForm
 from portal.front.models import ApiToken
 from portal.front.services import token_create, token_revoke
+from portal.teams.accounting import fair_share_of
+from portal.teams.selectors import can_control_job
 
 JOBS_PER_PAGE = 25
 QUEUE_ROWS = 50
@@ -91,21 +94,26 @@ def jobs(request: HttpRequest) -> HttpResponse:
             "query": query,
             "tabs": tabs,
             "any_jobs": selectors.jobs_visible_to(request.user).exists(),
+            # Staff, and members of a project whose other members' jobs are listed
+            "show_owner": request.user.is_staff or visible.exclude(owner=request.user).exists(),
         },
     )
 
 
 @login_required
 def job_new(request: HttpRequest) -> HttpResponse:
+    user = request.user
     if request.method != "POST":
-        form = JobSubmitForm()
+        form = JobSubmitForm(user=user)
         if request.GET.get("profile"):  # "Submit a job with it" from a profile page
-            form = JobSubmitForm(initial=JobSubmitForm(request.GET).filled_from_profile().dict())
+            filled = JobSubmitForm(request.GET).filled_from_profile().dict()
+            form = JobSubmitForm(initial=filled, user=user)
         return render(request, "front/job_new.html", {"form": form})
     if "prefill" in request.POST:  # "Fill in from profile" without JavaScript
-        form = JobSubmitForm(initial=JobSubmitForm(request.POST).filled_from_profile().dict())
+        filled = JobSubmitForm(request.POST).filled_from_profile().dict()
+        form = JobSubmitForm(initial=filled, user=user)
         return render(request, "front/job_new.html", {"form": form})
-    form = JobSubmitForm(request.POST)
+    form = JobSubmitForm(request.POST, user=user)
     if form.is_valid():
         token = form.cleaned_data["submit_token"]
         try:
@@ -144,7 +152,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "attempts": selectors.job_attempts(job),
             "elastic_changes": list(job.elastic_changes.all()),
             "ratio_changes": list(job.ratio_changes.all()),
-            "can_cancel": not job.is_terminal,
+            "can_cancel": not job.is_terminal and can_control_job(request.user, job),
             "can_preempt": request.user.is_staff and job.state in PLACED,
             "admin_url": _admin_url("core_job_change", job.pk) if request.user.is_staff else None,
         },
@@ -155,6 +163,11 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
 @require_POST
 def job_cancel_view(request: HttpRequest, job_id: int) -> HttpResponse:
     job = selectors.job_for_user(request.user, job_id)
+    if not can_control_job(request.user, job):
+        messages.error(
+            request, f"Only the owner of job #{job.pk} or a project manager can cancel it."
+        )
+        return redirect("job_detail", job_id=job.pk)
     try:
         job_cancel(job, actor=_actor(request), message="cancelled from the portal")
     except IllegalTransition as exc:
@@ -288,7 +301,13 @@ def _account(request: HttpRequest, form: TokenCreateForm, **extra: object) -> Ht
     response = render(
         request,
         "front/account.html",
-        {"form": form, "tokens": request.user.api_tokens.all(), **extra},
+        {
+            "form": form,
+            "tokens": request.user.api_tokens.all(),
+            "fair_share": fair_share_of(request.user, timezone.now()),
+            "half_life_days": settings.COSCHED["FAIRSHARE_HALF_LIFE_S"] / 86400,
+            **extra,
+        },
         status=400 if form.errors else 200,
     )
     response["Cache-Control"] = "no-store"  # the page may show a new key once

@@ -39,6 +39,7 @@ POLICIES: dict[str, str] = {
     "elastic": "scheduler.policies.elastic:ElasticPolicy",
     "hetero_srtf": "scheduler.policies.hetero_srtf:HeteroSrtfPolicy",
     "slowdown_dr": "scheduler.policies.slowdown_dr:SlowdownDrPolicy",
+    "quota": "scheduler.policies.quota:QuotaPolicy",
 }
 
 #: ``<name>+exec_plan`` works for any registered placement policy ``name`` (the execution plan

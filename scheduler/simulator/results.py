@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -192,21 +192,23 @@ class SimResult:
         """One row per job (the JobRecord fields) plus a ``policy`` column."""
         import pandas as pd
 
-        frame = pd.DataFrame([asdict(r) for r in self.jobs], columns=_JOB_COLUMNS)
+        frame = pd.DataFrame(_rows(self.jobs, _JOB_COLUMNS), columns=_JOB_COLUMNS)
         frame.insert(0, "policy", self.policy)
         return frame
 
     def timeline_frame(self) -> pd.DataFrame:
         import pandas as pd
 
-        frame = pd.DataFrame([asdict(p) for p in self.timeline], columns=_TIMELINE_COLUMNS)
+        frame = pd.DataFrame(_rows(self.timeline, _TIMELINE_COLUMNS), columns=_TIMELINE_COLUMNS)
         frame.insert(0, "policy", self.policy)
         return frame
 
     def slowdown_frame(self) -> pd.DataFrame:
         import pandas as pd
 
-        frame = pd.DataFrame([asdict(s) for s in self.slowdown_samples], columns=_SLOWDOWN_COLUMNS)
+        frame = pd.DataFrame(
+            _rows(self.slowdown_samples, _SLOWDOWN_COLUMNS), columns=_SLOWDOWN_COLUMNS
+        )
         frame.insert(0, "policy", self.policy)
         return frame
 
@@ -214,3 +216,10 @@ class SimResult:
 _JOB_COLUMNS = list(JobRecord.__dataclass_fields__)
 _TIMELINE_COLUMNS = list(TimelinePoint.__dataclass_fields__)
 _SLOWDOWN_COLUMNS = list(SlowdownSample.__dataclass_fields__)
+
+
+def _rows(records: Sequence[object], columns: Sequence[str]) -> list[list[object]]:
+    """The records' fields as plain rows. Every field is a scalar, so this equals
+    ``dataclasses.asdict`` per record, which copies recursively and was most of the time a
+    10,000-job report took to build its frames."""
+    return [[getattr(r, c) for c in columns] for r in records]

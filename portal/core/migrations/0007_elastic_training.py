@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('core', '0009_policy_runtime_error_profile_sources'),
+        ('core', '0008_job_project'),
     ]
 
     operations = [

@@ -1,0 +1,111 @@
+"""Projects (teams): members with roles, GPU quotas per model, shares for fair share.
+
+Every job belongs to one project (``core.Job.project``): the one its owner chose at submission,
+else the owner's default project (a membership marked default, else their personal project,
+created on first use). Members of a project see its jobs. See docs/projects.md.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+
+PROJECT_NAME = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$",
+    "letters, digits and _ . @ + - (not first), at most 100 characters",
+)
+
+
+class Project(models.Model):
+    name = models.CharField(max_length=100, unique=True, validators=[PROJECT_NAME])
+    description = models.TextField(blank=True)
+    personal_of = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="personal_project",
+        help_text="set for a user's personal project (created on their first job)",
+    )
+    shares = models.FloatField(
+        default=1.0, help_text="fair-share weight against other projects (1 = an even share)"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(models.Model):
+    class Role(models.TextChoices):
+        MEMBER = "member", "Member"
+        MANAGER = "manager", "Manager"
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="project_memberships"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+    is_default = models.BooleanField(
+        default=False, help_text="the user's jobs go here unless they name another project"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["project__name", "user__username"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "user"], name="membership_unique"),
+            models.UniqueConstraint(
+                fields=["user"], condition=Q(is_default=True), name="one_default_project_per_user"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} in {self.project} ({self.role})"
+
+
+class ProjectQuota(models.Model):
+    """GPUs of one model a project is guaranteed, and how many more it may borrow while others
+    leave them idle (empty: no limit). Enforced by the ``quota`` policy."""
+
+    project = models.ForeignKey(Project, on_delete=models.CASCADE, related_name="quotas")
+    gpu_model = models.CharField(max_length=40, help_text="catalogue name, e.g. V100, A30")
+    guaranteed_gpus = models.PositiveIntegerField(default=0)
+    borrow_limit_gpus = models.PositiveIntegerField(
+        null=True, blank=True, help_text="GPUs beyond the guarantee it may borrow; empty: any"
+    )
+
+    class Meta:
+        ordering = ["project__name", "gpu_model"]
+        constraints = [
+            models.UniqueConstraint(fields=["project", "gpu_model"], name="quota_project_model")
+        ]
+
+    def clean(self) -> None:
+        """The GPU model is a catalogue name or the model of a registered GPU (stored in the
+        catalogue's spelling, so the scheduler matches it)."""
+        from django.core.exceptions import ValidationError
+
+        from portal.core.models import Gpu
+        from scheduler.catalog import UnknownGpuModel, canonical_model
+
+        try:
+            self.gpu_model = canonical_model(self.gpu_model)
+        except UnknownGpuModel:
+            if not Gpu.objects.filter(model=self.gpu_model).exists():
+                known = sorted(set(Gpu.objects.values_list("model", flat=True)))
+                raise ValidationError(
+                    {
+                        "gpu_model": f"unknown GPU model {self.gpu_model!r}; the cluster has "
+                        f"{', '.join(known) or 'no GPUs yet'}"
+                    }
+                ) from None
+
+    def __str__(self) -> str:
+        limit = "any" if self.borrow_limit_gpus is None else self.borrow_limit_gpus
+        return f"{self.project}: {self.guaranteed_gpus} {self.gpu_model} (+{limit})"
