@@ -11,7 +11,8 @@ A plain HTTP client of the REST API (``requests``); it imports nothing from Djan
 The job file (YAML or JSON) holds the API's job fields: ``name``, ``command``, ``profile`` (an
 id, or the name of an approved profile), ``gpus``, ``gpu_memory_mb``, ``cpus``, ``memory_mb``,
 ``kind``, ``params``, ``priority``, ``time_limit`` (and ``container_image``,
-``elastic_min_workers``, ``elastic_max_workers``). ``submit --time-limit`` overrides the file's
+``elastic_min_workers``, ``elastic_max_workers``, ``elastic_deadline_s`` or
+``elastic_value_per_hour``, ``max_global_batch``). ``submit --time-limit`` overrides the file's
 ``time_limit``.
 
 Retries are safe: ``submit`` sends an ``Idempotency-Key`` derived from the job file's bytes
@@ -776,6 +777,9 @@ job file (YAML, or JSON when the name ends in .json; - reads standard input):
   container_image: ""             # optional
   elastic_min_workers: 1          # optional, elastic training
   elastic_max_workers: 4
+  elastic_value_per_hour: 2.0     # optional: an hour sooner is worth 2 GPU-hours
+  # elastic_deadline_s: 7200      #   ... or: finish within 2 h of the start (not both)
+  max_global_batch: 1024          # optional: the largest global batch
   project: vision-lab             # optional: a project you belong to (default: yours)
 
 Unknown fields are refused (a typo is not ignored). A job that can never run on the cluster

@@ -8,13 +8,14 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import include, path
 from django.views import defaults
 
-from portal.core import agent_views, prometheus, training_views
+from portal.core import agent_views, elastic_views, prometheus, training_views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("agent/v1/sync", agent_views.sync, name="agent-sync"),
     path("agent/v1/results", agent_views.results, name="agent-results"),
     path("api/v1/training/report/", training_views.report, name="training-report"),
+    path("api/v1/training/elastic/", elastic_views.window, name="training-elastic"),
     path("metrics", prometheus.metrics_view, name="metrics"),
     path("replay/", include("portal.replay.urls")),
     path("api/", include("portal.ml.urls")),

@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scheduler.elastic import ElasticState
 
 #: Speed of a multi-GPU job spread over several nodes relative to the same job on one node,
 #: for profiles without a measured unconsolidated time: 0.74, the median of the 165 ratios
@@ -194,6 +197,11 @@ class JobSpec:
     elastic_min: int | None = None
     elastic_max: int | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    # Elastic training (ALGORITHMS.md §6): the utility (a deadline in seconds after the start,
+    # or what an hour sooner is worth) and the largest global batch the job accepts.
+    elastic_deadline_s: float | None = None
+    elastic_value_per_hour: float | None = None
+    max_global_batch: int | None = None
     # The user's time limit (s, per attempt; ``scheduler.durations``): the node stops the job
     # when it runs longer. An upper bound of its run time that policies may use as an estimate.
     time_limit_s: float | None = None
@@ -356,6 +364,8 @@ class RunningJob:
     started_s: float
     progress: float = 0.0  # 0..1 of its work, if known
     paused: bool = False
+    # An elastic job's autoscaling memory (measured throughputs, straggler averages), if any.
+    elastic: ElasticState | None = None
     # Data-parallel jobs that report through the training SDK (None: not reported).
     data_parallel: DataParallelState | None = None
 
@@ -416,6 +426,7 @@ class ActionKind(StrEnum):
     REQUEUE = "requeue"
     SET_DATA_RATIO = "set_data_ratio"
     SET_WORKERS = "set_workers"
+    REPLACE_WORKERS = "replace_workers"  # value: the straggling ranks (elastic, §6)
 
 
 @dataclass(frozen=True, slots=True)

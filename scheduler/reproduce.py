@@ -2,6 +2,7 @@
 
     python -m scheduler.reproduce sharing001 [--seeds 20] [--out DIR]
     python -m scheduler.reproduce kscheduler003 [--out DIR]
+    python -m scheduler.reproduce elastic002 [--out DIR]    (docs/elastic.md)
     python -m scheduler.reproduce slowdown000 [--out DIR]
 
 **sharing001** (paper 001, ALGORITHMS §4): the scenario's 180 apps under ``sharing_mode``,
@@ -290,7 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m scheduler.reproduce", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("name", choices=["sharing001", "kscheduler003", "slowdown000"])
+    parser.add_argument(
+        "name", choices=["sharing001", "kscheduler003", "slowdown000", "elastic002"]
+    )
     parser.add_argument("--seeds", type=int, default=20, help="sharing001: seeds (default 20)")
     parser.add_argument(
         "--scenario", help="sharing001: a variant scenario YAML instead of the built-in one"
@@ -301,7 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.seeds < 1:
         parser.error("--seeds must be >= 1")
     say = _progress(not args.quiet and sys.stderr.isatty())
-    if args.name == "sharing001":
+    if args.name == "elastic002":
+        from scheduler.scenarios.elastic002 import run_elastic002, summarize_elastic002
+
+        runs = run_elastic002(progress=say)
+        summary = summarize_elastic002(runs)
+    elif args.name == "sharing001":
         runs = run_sharing001(args.seeds, progress=say, scenario=args.scenario or "sharing001")
         summary = summarize_sharing001(runs)
     elif args.name == "slowdown000":

@@ -16,6 +16,7 @@ from portal.core.importers import FORMATS, ProfileImportError, validate_profile_
 from portal.core.models import (
     JOB_KINDS,
     ApplicationProfile,
+    ElasticChange,
     Gpu,
     Job,
     JobEvent,
@@ -252,6 +253,25 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     container_image = serializers.CharField(required=False, allow_blank=True, max_length=300)
     elastic_min_workers = _bounded_int("elastic_min_workers", required=False, allow_null=True)
     elastic_max_workers = _bounded_int("elastic_max_workers", required=False, allow_null=True)
+    elastic_deadline_s = _bounded_int(
+        "elastic_deadline_s",
+        required=False,
+        allow_null=True,
+        help_text="elastic jobs: seconds after the start the job should finish by",
+    )
+    elastic_value_per_hour = serializers.FloatField(
+        required=False,
+        allow_null=True,
+        min_value=validation.FLOAT_LIMITS["elastic_value_per_hour"][0],
+        max_value=validation.FLOAT_LIMITS["elastic_value_per_hour"][1],
+        help_text="elastic jobs: GPU-hours one hour sooner is worth (not with a deadline)",
+    )
+    max_global_batch = _bounded_int(
+        "max_global_batch",
+        required=False,
+        allow_null=True,
+        help_text="elastic jobs: the largest global batch (local batch x workers)",
+    )
     time_limit = TimeLimitField(source="time_limit_s", required=False, allow_null=True)
     end_label = serializers.CharField(
         read_only=True,
@@ -302,6 +322,9 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "priority",
             "elastic_min_workers",
             "elastic_max_workers",
+            "elastic_deadline_s",
+            "elastic_value_per_hour",
+            "max_global_batch",
             "time_limit",
             "state",
             "owner",
@@ -384,14 +407,41 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         return values
 
 
+class ElasticChangeSerializer(serializers.ModelSerializer):
+    """One worker-count change or straggler replacement of an elastic job (issue 17)."""
+
+    class Meta:
+        model = ElasticChange
+        fields = [
+            "at",
+            "kind",
+            "workers_from",
+            "workers_to",
+            "ranks",
+            "efficiency",
+            "local_batch",
+            "reason",
+            "policy",
+            "applied",
+        ]
+        read_only_fields = fields
+
+
 class JobDetailSerializer(JobSerializer):
     events = serializers.SerializerMethodField(help_text="the job's timeline, oldest first")
+    elastic_changes = serializers.SerializerMethodField(
+        help_text="elastic jobs: each worker-count change and replacement, with its reason and S"
+    )
     placements = serializers.SerializerMethodField(
         help_text="every placement (attempt) of the job, newest first; the active one first"
     )
 
     class Meta(JobSerializer.Meta):
-        fields = [*JobSerializer.Meta.fields, "placements", "events"]
+        fields = [*JobSerializer.Meta.fields, "placements", "events", "elastic_changes"]
+
+    @extend_schema_field(ElasticChangeSerializer(many=True))
+    def get_elastic_changes(self, job: Job) -> list[dict[str, Any]]:
+        return ElasticChangeSerializer(job.elastic_changes.all(), many=True).data
 
     @extend_schema_field(PlacementSerializer(many=True))
     def get_placements(self, job: Job) -> list[dict[str, Any]]:

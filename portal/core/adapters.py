@@ -111,6 +111,11 @@ def job_to_domain(job: Job, *, epoch: Any = None) -> JobSpec:
         elastic_min=job.elastic_min_workers,
         elastic_max=job.elastic_max_workers,
         params=dict(job.params or {}),
+        elastic_deadline_s=(
+            None if job.elastic_deadline_s is None else float(job.elastic_deadline_s)
+        ),
+        elastic_value_per_hour=job.elastic_value_per_hour,
+        max_global_batch=job.max_global_batch,
         time_limit_s=None if job.time_limit_s is None else float(job.time_limit_s),
         project=job.project.name if job.project_id is not None and job.project else None,
     )

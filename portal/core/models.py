@@ -273,6 +273,16 @@ class Job(models.Model):
     memory_mb = models.PositiveIntegerField(null=True, blank=True)
     elastic_min_workers = models.PositiveIntegerField(null=True, blank=True)
     elastic_max_workers = models.PositiveIntegerField(null=True, blank=True)
+    # Elastic training (issue 17): what finishing sooner is worth (one of the two) and the
+    # largest global batch; the autoscaling engine's memory (scheduler.elastic.ElasticState).
+    elastic_deadline_s = models.PositiveIntegerField(
+        null=True, blank=True, help_text="seconds after the start the job should finish by"
+    )
+    elastic_value_per_hour = models.FloatField(
+        null=True, blank=True, help_text="GPU-hours one hour sooner is worth"
+    )
+    max_global_batch = models.PositiveIntegerField(null=True, blank=True)
+    elastic_state = models.JSONField(default=dict, blank=True)
     priority = models.IntegerField(default=0)
     # Per attempt: the node stops the job (SIGTERM, then SIGKILL) when an attempt runs longer;
     # it ends FAILED with the reason "time limit" (scheduler.durations for the forms it takes).
@@ -353,6 +363,40 @@ class JobEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id}: {self.from_state}->{self.to_state} by {self.actor}"
+
+
+class ElasticChange(models.Model):
+    """One worker-count change or straggler replacement of an elastic job, with its reason and
+    the scaling efficiency S it was based on (issue 17). ``applied``: the job took it."""
+
+    class Kind(models.TextChoices):
+        SCALE = "scale", "Scale"
+        REPLACE = "replace", "Replace stragglers"
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="elastic_changes")
+    at = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    workers_from = models.PositiveIntegerField()
+    workers_to = models.PositiveIntegerField()
+    ranks = models.JSONField(default=list, blank=True)
+    efficiency = models.FloatField(null=True, blank=True, help_text="scaling efficiency S")
+    local_batch = models.PositiveIntegerField(null=True, blank=True)
+    reason = models.TextField()
+    policy = models.CharField(max_length=100, blank=True)
+    applied = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.summary()}"
+
+    def summary(self) -> str:
+        """``2 -> 4 workers (S=0.84)`` or ``replace rank(s) 3``."""
+        if self.kind == self.Kind.REPLACE:
+            return "replace rank(s) " + ", ".join(str(r) for r in self.ranks or [])
+        text = f"{self.workers_from} -> {self.workers_to} workers"
+        return text + (f" (S={self.efficiency:.2f})" if self.efficiency is not None else "")
 
 
 class Placement(models.Model):

@@ -238,6 +238,56 @@ _KNOWN: dict[str, ParamSpec] = {
         ParamSpec("reclaim", BOOL, "requeue borrowed jobs (newest first) for a guarantee"),
         ParamSpec("fair_share", BOOL, "order jobs by decayed past usage after priority"),
         ParamSpec("max_rounds", INT, "runs of the base policy per cycle after refusals", 1, 20),
+        # elastic (ALGORITHMS.md §6)
+        ParamSpec(
+            "scaling_threshold",
+            FLOAT,
+            "elastic: scale only while the scaling efficiency S exceeds this (paper: 0.1)",
+            -10,
+            10,
+        ),
+        ParamSpec(
+            "scale_step_workers",
+            INT,
+            "elastic: workers added or removed per step, K (0: the GPUs of the job's node)",
+            0,
+            1024,
+        ),
+        ParamSpec(
+            "scale_interval_batches",
+            INT,
+            "elastic: mini-batches measured at a worker count before the next decision",
+            20,
+            1_000_000,
+        ),
+        ParamSpec(
+            "straggler_threshold",
+            FLOAT,
+            "elastic: a rank whose EWMA of throughput / median falls below this is replaced",
+            0,
+            1,
+        ),
+        ParamSpec(
+            "straggler_ewma_alpha",
+            FLOAT,
+            "elastic: weight of the newest window in the straggler average (0 excluded)",
+            0.001,
+            1,
+        ),
+        ParamSpec(
+            "gpu_cost_per_hour",
+            FLOAT,
+            "elastic: cost of one GPU-hour in the utility-vs-cost condition",
+            0,
+            1e6,
+        ),
+        ParamSpec(
+            "lateness_value_per_hour",
+            FLOAT,
+            "elastic: what each hour past a deadline costs a deadline job",
+            0,
+            1e9,
+        ),
     )
 }
 

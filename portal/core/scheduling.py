@@ -58,6 +58,7 @@ from scheduler.domain import (
 )
 from scheduler.domain import Placement as DomainPlacement
 from scheduler.domain import PlacementPart as DomainPart
+from scheduler.elastic import state_from_dict as elastic_state_from_dict
 from scheduler.policies.registry import build_policy
 
 log = logging.getLogger(__name__)
@@ -209,6 +210,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
                 started_s=_seconds(p.job.started_at or p.job.scheduled_at or p.created_at),
                 progress=progress.get(p.job_id, 0.0),
                 paused=p.job.state == JobState.PAUSED,
+                elastic=elastic_state_from_dict(p.job.elastic_state),
                 data_parallel=training.data_parallel_state(p),
             )
         )
@@ -288,6 +290,9 @@ def _without_profile(job: Job) -> Job:
         params=job.params,
         elastic_min_workers=job.elastic_min_workers,
         elastic_max_workers=job.elastic_max_workers,
+        elastic_deadline_s=job.elastic_deadline_s,
+        elastic_value_per_hour=job.elastic_value_per_hour,
+        max_global_batch=job.max_global_batch,
         time_limit_s=job.time_limit_s,
     )
     clone.submitted_at = job.submitted_at
@@ -469,13 +474,19 @@ def _apply_action(action: Action, snapshot: Snapshot, actor: str) -> set[str]:
     except IllegalTransition as exc:
         log.info("action %s on job %s skipped: %s", action.kind, job_id, exc)
         return set()
+    if action.kind in (ActionKind.SET_WORKERS, ActionKind.REPLACE_WORKERS):
+        from portal.core.elastic import elastic_change_propose
+
+        if elastic_change_propose(job_id, action, actor=actor):
+            return set(nodes)
+        return set()
     if action.kind == ActionKind.SET_DATA_RATIO:
         placement = Placement.objects.filter(job_id=job_id, active=True).first()
         if placement is not None and training.data_ratio_set(
             placement, list(action.value or ()), actor=actor, explanation=message
         ):
             return set()
-    # Actions the live path does not act on yet (worker count): keep the reason.
+    # Actions the live path does not act on: keep the reason.
     JobEvent.objects.create(
         job_id=job_id,
         from_state="",

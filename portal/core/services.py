@@ -159,6 +159,8 @@ def job_rule_errors(
         errors.setdefault("elastic_max_workers", []).append(
             f"must be at least elastic_min_workers ({emin})"
         )
+    for name, messages in elastic_rule_errors(data, skip=skip).items():
+        errors.setdefault(name, []).extend(messages)
     if "gpus" not in skip and data.get("gpus", 0) == 0 and data.get("gpu_memory_mb"):
         errors.setdefault("gpu_memory_mb", []).append("a CPU-only job (gpus=0) asks no GPU memory")
     # Bounds (portal.core.validation), then admission against the registered cluster.
@@ -166,6 +168,44 @@ def job_rule_errors(
         errors.setdefault(name, []).extend(messages)
     for name, messages in validation.admission_errors(data, skip=set(skip) | set(errors)).items():
         errors.setdefault(name, []).extend(messages)
+    return errors
+
+
+ELASTIC_EXTRAS = ("elastic_deadline_s", "elastic_value_per_hour", "max_global_batch")
+
+
+def elastic_rule_errors(
+    data: dict[str, Any], *, skip: set[str] | frozenset[str] = frozenset()
+) -> dict[str, list[str]]:
+    """Rules of an elastic declaration (issue 17): a utility and a maximum global batch only for
+    a job with a worker range; a deadline or a value per hour, not both; a global batch of at
+    least one sample per worker."""
+    errors: dict[str, list[str]] = {}
+    emin, emax = data.get("elastic_min_workers"), data.get("elastic_max_workers")
+    elastic = emin is not None or emax is not None
+    for name in ELASTIC_EXTRAS:
+        if name not in skip and data.get(name) is not None and not elastic:
+            errors.setdefault(name, []).append(
+                "only for an elastic job: give elastic_min_workers and/or elastic_max_workers"
+            )
+    if (
+        not skip & {"elastic_deadline_s", "elastic_value_per_hour"}
+        and data.get("elastic_deadline_s") is not None
+        and data.get("elastic_value_per_hour") is not None
+    ):
+        errors.setdefault("elastic_value_per_hour", []).append(
+            "give a deadline (elastic_deadline_s) or a value per hour, not both"
+        )
+    batch = data.get("max_global_batch")
+    if (
+        "max_global_batch" not in skip
+        and isinstance(batch, int)
+        and isinstance(emin, int)
+        and batch < emin
+    ):
+        errors.setdefault("max_global_batch", []).append(
+            f"must be at least elastic_min_workers ({emin}): one sample per worker"
+        )
     return errors
 
 

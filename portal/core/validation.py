@@ -40,6 +40,13 @@ LIMITS: dict[str, tuple[int, int]] = {
     "elastic_min_workers": (1, 4096),
     "elastic_max_workers": (1, 4096),
     "priority": (-1000, 1000),
+    "elastic_deadline_s": (1, 10 * 365 * 86400),  # ten years, in seconds
+    "max_global_batch": (1, 2**24),
+}
+
+#: (minimum, maximum) of each number (float) job field.
+FLOAT_LIMITS: dict[str, tuple[float, float]] = {
+    "elastic_value_per_hour": (0.0, 1e6),
 }
 
 #: Linux's limit on one argument of execve (MAX_ARG_STRLEN = 32 * 4 KiB pages), NUL included.
@@ -146,6 +153,12 @@ def job_input_errors(data: Mapping[str, Any]) -> dict[str, list[str]]:
             continue
         if not low <= value <= high:
             errors.setdefault(name, []).append(f"must be between {low:,} and {high:,}")
+    for name, (flow, fhigh) in FLOAT_LIMITS.items():
+        value = data.get(name)
+        if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if not (math.isfinite(value) and flow <= value <= fhigh):
+            errors.setdefault(name, []).append(f"must be a number between {flow:g} and {fhigh:g}")
     for name in ("name", "command", "container_image"):
         value = data.get(name)
         if isinstance(value, str):

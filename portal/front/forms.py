@@ -28,6 +28,9 @@ JOB_FIELDS = (
     "params",
     "elastic_min_workers",
     "elastic_max_workers",
+    "elastic_deadline_s",
+    "elastic_value_per_hour",
+    "max_global_batch",
     "time_limit_s",
 )
 
@@ -138,6 +141,25 @@ class JobSubmitForm(forms.Form):
     )
     elastic_min_workers = _bounded("elastic_min_workers", required=False, label="Elastic min")
     elastic_max_workers = _bounded("elastic_max_workers", required=False, label="Elastic max")
+    elastic_deadline_s = _bounded(
+        "elastic_deadline_s",
+        required=False,
+        label="Elastic deadline (s)",
+        help_text="Elastic jobs: finish within this many seconds of the start (or a value).",
+    )
+    elastic_value_per_hour = forms.FloatField(
+        min_value=validation.FLOAT_LIMITS["elastic_value_per_hour"][0],
+        max_value=validation.FLOAT_LIMITS["elastic_value_per_hour"][1],
+        required=False,
+        label="Elastic value per hour",
+        help_text="Elastic jobs: GPU-hours that finishing one hour sooner is worth.",
+    )
+    max_global_batch = _bounded(
+        "max_global_batch",
+        required=False,
+        label="Max global batch",
+        help_text="Elastic jobs: the local batch grows with fewer workers up to this global batch.",
+    )
     time_limit = forms.CharField(
         required=False,
         max_length=40,

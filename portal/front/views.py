@@ -150,6 +150,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "placement": next((p for p in placements if p.active), None),
             "past_placements": [p for p in placements if not p.active],
             "attempts": selectors.job_attempts(job),
+            "elastic_changes": list(job.elastic_changes.all()),
             "ratio_changes": list(job.ratio_changes.all()),
             "can_cancel": not job.is_terminal and can_control_job(request.user, job),
             "can_preempt": request.user.is_staff and job.state in PLACED,

@@ -36,10 +36,10 @@ POLICIES: dict[str, str] = {
     "warped_slicer": "scheduler.policies.kscheduler:WarpedSlicerPolicy",
     "sharing_pipeline": "scheduler.policies.sharing_chain:SharingPipelinePolicy",
     "sharing_chain": "scheduler.policies.sharing_chain:SharingChainPolicy",
+    "elastic": "scheduler.policies.elastic:ElasticPolicy",
     "hetero_srtf": "scheduler.policies.hetero_srtf:HeteroSrtfPolicy",
     "slowdown_dr": "scheduler.policies.slowdown_dr:SlowdownDrPolicy",
     "quota": "scheduler.policies.quota:QuotaPolicy",
-    # Later: "elastic".
 }
 
 #: ``<name>+exec_plan`` works for any registered placement policy ``name`` (the execution plan

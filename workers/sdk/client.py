@@ -39,6 +39,7 @@ TOKEN_ENV = "COSCHED_JOB_TOKEN"  # noqa: S105
 URL_ENV = "COSCHED_API_URL"
 JOB_TOKEN_PREFIX = "cjt_"  # noqa: S105
 REPORT_PATH = "/api/v1/training/report/"
+ELASTIC_PATH = "/api/v1/training/elastic/"
 RATIO_TOTAL = 10
 
 
@@ -209,9 +210,44 @@ class TrainingClient:
         """``split_batch`` by the current data ratio (the whole batch on one device without one)."""
         return split_batch(global_batch, self.data_ratio or [RATIO_TOTAL])
 
+    def report_window(
+        self,
+        workers: int,
+        batches: int,
+        seconds: float,
+        rank_rates: Sequence[float] = (),
+        remaining_steps: float = 0.0,
+        replaced_ranks: Sequence[int] = (),
+    ) -> dict[str, Any] | None:
+        """Elastic jobs (docs/elastic.md): one statistics window of ``batches`` mini-batches
+        (10 in the paper) run at ``workers`` in ``seconds``, each rank's own throughput, the
+        steps left, and the ranks swapped for spares since the last window. Returns the
+        portal's answer (``workers``: the count to run with from the next safe point;
+        ``replace_ranks``: ranks to swap for warmed spares; ``local_batch``; ``explanation``),
+        None when disabled or unreachable. ``workers`` is kept in ``self.workers``."""
+        if not self.enabled:
+            return None
+        body = {
+            "workers": workers,
+            "batches": batches,
+            "seconds": seconds,
+            "rank_rates": list(rank_rates),
+            "remaining_steps": remaining_steps,
+            "elapsed_s": self.clock() - self._t0,
+            "replaced_ranks": list(replaced_ranks),
+        }
+        data = self._post_json(ELASTIC_PATH, body)
+        if data is not None and data.get("workers"):
+            self.workers = int(data["workers"])
+        return data
+
     def _post(self, body: Mapping[str, Any]) -> Reply | None:
+        data = self._post_json(REPORT_PATH, body)
+        return None if data is None else Reply.from_json(data)
+
+    def _post_json(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         request = urllib.request.Request(  # noqa: S310 (http(s) only, checked in __init__)
-            self.url + REPORT_PATH,
+            self.url + path,
             data=json.dumps(body).encode(),
             method="POST",
             headers={
@@ -244,7 +280,7 @@ class TrainingClient:
         if not isinstance(data, dict):
             self.last_error = "the reply is not a JSON object"
             return None
-        return Reply.from_json(data)
+        return data
 
 
 _default: TrainingClient | None = None

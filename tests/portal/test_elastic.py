@@ -1,0 +1,384 @@
+"""Elastic jobs in the portal (issue 17): the declaration in API, form and CLI contract with
+field errors; the policy's proposals recorded with their reason and S; the job page shows them."""
+
+from __future__ import annotations
+
+import pytest
+
+from portal.core.elastic import elastic_change_propose
+from portal.core.models import ElasticChange, Gpu, Job, JobEvent, Node, Placement, PolicySettings
+from portal.core.scheduling import build_snapshot, run_cycle
+from portal.core.services import job_transition
+from portal.core.states import JobState
+from scheduler import elastic as engine
+from scheduler.domain import Action, ActionKind
+
+pytestmark = pytest.mark.django_db
+
+URL = "/api/v1/jobs/"
+ELASTIC = {
+    "name": "resnet-elastic",
+    "command": "python train.py",
+    "gpus": 2,
+    "kind": "dl-train",
+    "elastic_min_workers": 1,
+    "elastic_max_workers": 8,
+    "elastic_value_per_hour": 2.5,
+    "max_global_batch": 1024,
+}
+
+
+def test_api_stores_and_returns_the_elastic_declaration(alice_api):
+    response = alice_api.post(URL, ELASTIC, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["elastic_value_per_hour"] == 2.5
+    assert body["max_global_batch"] == 1024
+    assert body["elastic_deadline_s"] is None
+    job = Job.objects.get(pk=body["id"])
+    assert (job.elastic_value_per_hour, job.max_global_batch) == (2.5, 1024)
+    detail = alice_api.get(f"{URL}{job.pk}/").json()
+    assert detail["elastic_changes"] == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "message"),
+    [
+        ({"elastic_deadline_s": 3600}, "elastic_value_per_hour", "not both"),
+        ({"elastic_value_per_hour": -1}, "elastic_value_per_hour", "greater than or equal to 0"),
+        ({"elastic_value_per_hour": 1e7}, "elastic_value_per_hour", "less than or equal to"),
+        ({"elastic_value_per_hour": "lots"}, "elastic_value_per_hour", "valid number"),
+        ({"max_global_batch": 0}, "max_global_batch", "greater than or equal to 1"),
+        (
+            {"max_global_batch": 2, "elastic_min_workers": 4},
+            "max_global_batch",
+            "at least elastic_min_workers (4)",
+        ),
+        (
+            {"elastic_value_per_hour": None, "elastic_deadline_s": 0},
+            "elastic_deadline_s",
+            "greater than or equal to 1",
+        ),
+        (
+            {"elastic_min_workers": None, "elastic_max_workers": None},
+            "max_global_batch",
+            "only for an elastic job",
+        ),
+    ],
+)
+def test_api_bad_elastic_input_is_a_400_on_the_field_and_stores_nothing(
+    alice_api, changes, field, message
+):
+    response = alice_api.post(URL, {**ELASTIC, **changes}, format="json")
+    assert response.status_code == 400
+    errors = response.json()
+    assert field in errors, errors
+    assert any(message in text for text in errors[field]), errors[field]
+    assert Job.objects.count() == 0
+
+
+def test_api_reports_every_bad_elastic_field_at_once(alice_api):
+    payload = {
+        **ELASTIC,
+        "elastic_min_workers": None,
+        "elastic_max_workers": None,
+        "elastic_deadline_s": 60,
+    }
+    errors = alice_api.post(URL, payload, format="json").json()
+    assert {"elastic_deadline_s", "elastic_value_per_hour", "max_global_batch"} <= set(errors)
+
+
+FORM = {
+    "name": "resnet-elastic",
+    "command": "python train.py",
+    "gpus": "2",
+    "cpus": "1",
+    "kind": "dl-train",
+    "priority": "0",
+    "elastic_min_workers": "1",
+    "elastic_max_workers": "8",
+    "elastic_deadline_s": "7200",
+    "max_global_batch": "512",
+    "submit_token": "feedfacefeedface",
+}
+
+
+def test_form_submits_an_elastic_job(client, alice):
+    client.force_login(alice)
+    response = client.post("/jobs/new/", FORM)
+    assert response.status_code == 302
+    job = Job.objects.get()
+    assert (job.elastic_deadline_s, job.max_global_batch) == (7200, 512)
+    assert job.elastic_value_per_hour is None
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "finish within 7200 s of the start" in html
+    assert "No change yet" in html
+
+
+def test_form_shows_elastic_errors_next_to_their_fields(client, alice):
+    client.force_login(alice)
+    response = client.post("/jobs/new/", {**FORM, "elastic_value_per_hour": "3"})
+    assert response.status_code == 400
+    html = response.content.decode()
+    start = html.index('id="id_elastic_value_per_hour_error"')
+    assert "not both" in html[start : start + 300]
+    assert Job.objects.count() == 0
+
+
+# -- proposals and the job page ----------------------------------------------------------------
+
+
+def running_elastic_job(owner, gpus: int = 2, node_gpus: int = 4) -> Job:
+    node = Node.objects.create(name="g1", kind="gpu", cores=8, memory_mb=65536)
+    for i in range(node_gpus):
+        Gpu.objects.create(node=node, index=i, model="V100", memory_mb=16384, uuid=f"GPU-g1-{i}")
+    job = Job.objects.create(
+        owner=owner,
+        name="elastic",
+        command="true",
+        gpus=gpus,
+        gpu_memory_mb=4000,
+        elastic_min_workers=1,
+        elastic_max_workers=node_gpus,
+    )
+    job_transition(job, JobState.SCHEDULED, actor="t")
+    placement = Placement.objects.create(job=job, node=node, gpu_memory_mb=4000, policy="t")
+    placement.gpus.set(list(node.gpus.filter(index__lt=gpus)))
+    job_transition(job, JobState.RUNNING, actor="t")
+    return job
+
+
+def measured_state(workers: int, rate: float, windows: int = 6) -> dict:
+    cfg = engine.ElasticConfig()
+    state = engine.start(engine.ElasticJob(1, 8), workers, 1e5)
+    for _ in range(windows):
+        window = engine.Window(workers, 10, 10 / rate, (1.0,) * workers, 1e5, 0.0)
+        state = engine.observe(state, window, cfg)
+    return engine.state_to_dict(state)
+
+
+def test_a_cycle_of_the_elastic_policy_records_a_change_with_its_reason(alice, client):
+    job = running_elastic_job(alice)
+    job.elastic_state = measured_state(2, 10.0)
+    job.save()
+    PolicySettings.objects.create(
+        name="e", policy="elastic", params={"scale_step_workers": 2}, active=True
+    )
+    snap = build_snapshot()
+    assert snap.state.running[0].elastic.throughput_at(2) == pytest.approx(10.0)
+
+    result = run_cycle()
+    assert ("set_workers", job.pk) in result.actions
+    change = ElasticChange.objects.get(job=job)
+    assert (change.kind, change.workers_from, change.workers_to) == ("scale", 2, 4)
+    assert "probe 4 workers" in change.reason and not change.applied
+    job.refresh_from_db()
+    assert job.elastic_state["in_transition"] is True
+    assert JobEvent.objects.filter(job=job, message__contains="2 -> 4 workers").exists()
+
+    run_cycle()  # under way: nothing new until the job has taken it
+    assert ElasticChange.objects.filter(job=job).count() == 1
+
+
+def test_job_page_and_api_show_changes_with_s_to_the_owner_only(alice, bob, client, bob_api):
+    job = running_elastic_job(alice)
+    job.elastic_state = measured_state(2, 10.0)
+    job.save()
+    action = Action(
+        ActionKind.SET_WORKERS,
+        str(job.pk),
+        "elastic",
+        "scale up: 2->4 workers: R 10->18 steps/s, S=0.80 > threshold 0.1",
+        value={"workers_from": 2, "workers": 4, "efficiency": 0.8, "local_batch": 256},
+    )
+    assert elastic_change_propose(job.pk, action, actor="scheduler") is not None
+    assert elastic_change_propose(job.pk, action, actor="scheduler") is None  # in transition
+
+    client.force_login(alice)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    table = html[html.index('id="elastic-changes"') :]
+    assert "2 → 4 workers" in table and "0.80" in table and "256" in table
+    assert "S=0.80 &gt; threshold 0.1" in table and "proposed" in table
+
+    api = client.get(f"{URL}{job.pk}/").json()
+    assert api["elastic_changes"][0]["workers_to"] == 4
+    assert api["elastic_changes"][0]["efficiency"] == 0.8
+    assert bob_api.get(f"{URL}{job.pk}/").status_code == 404
+
+
+def test_a_replacement_is_recorded_with_its_ranks(alice):
+    job = running_elastic_job(alice)
+    job.elastic_state = measured_state(2, 10.0)
+    job.save()
+    action = Action(
+        ActionKind.REPLACE_WORKERS, str(job.pk), "elastic", "persistent straggler", value=(1,)
+    )
+    change = elastic_change_propose(job.pk, action, actor="scheduler")
+    assert change is not None
+    assert (change.kind, change.ranks, change.workers_to) == ("replace", [1], 2)
+    assert change.summary() == "replace rank(s) 1"
+
+
+def test_no_proposal_for_a_job_that_is_not_running(alice):
+    job = running_elastic_job(alice)
+    job.elastic_state = measured_state(2, 10.0)
+    job.save()
+    job_transition(job, JobState.COMPLETED, actor="t")
+    action = Action(ActionKind.SET_WORKERS, str(job.pk), "elastic", "x", value={"workers": 4})
+    assert elastic_change_propose(job.pk, action, actor="scheduler") is None
+    assert not ElasticChange.objects.exists()
+
+
+# -- the job's statistics, the cycle's proposals, the job following them -------------------------
+
+
+def report(job: Job, workers: int, rate: float, ranks=None, replaced=()) -> dict:
+    from portal.core.elastic import elastic_window_report
+
+    rates = list(ranks) if ranks is not None else [1.0] * workers
+    return elastic_window_report(
+        job,
+        workers=workers,
+        batches=10,
+        seconds=10 / rate,
+        rank_rates=rates,
+        remaining_steps=1e5,
+        replaced_ranks=replaced,
+    )
+
+
+def test_the_job_grows_while_s_holds_and_stops_when_it_does_not(alice):
+    # R(w): linear to 2 workers, +5 % for the third: S = (21 - 20) / (20 / 2) = 0.1, not > 0.1
+    curve = {1: 10.0, 2: 20.0, 3: 21.0, 4: 21.5}
+    job = running_elastic_job(alice, gpus=1, node_gpus=4)
+    PolicySettings.objects.create(
+        name="e",
+        policy="elastic",
+        params={"scale_step_workers": 1, "scale_interval_batches": 20},
+        active=True,
+    )
+    workers, seen = 1, [1]
+    for _ in range(40):
+        for _ in range(3):
+            reply = report(job, workers, curve[workers])
+        run_cycle()
+        reply = report(job, workers, curve[workers])
+        if reply["workers"] != workers:
+            workers = reply["workers"]
+            seen.append(workers)
+        if len(seen) >= 4:
+            break
+    assert seen == [1, 2, 3, 2]
+    changes = list(ElasticChange.objects.filter(job=job).order_by("id"))
+    assert [(c.workers_from, c.workers_to) for c in changes] == [(1, 2), (2, 3), (3, 2)]
+    assert "S=0.10 <= threshold 0.1" in changes[-1].reason and "condition 1" in changes[-1].reason
+    # the last change is applied once the job reports at 2 again; then it holds
+    report(job, 2, curve[2])
+    for _ in range(3):
+        report(job, 2, curve[2])
+        run_cycle()
+    assert ElasticChange.objects.filter(job=job).count() == 3
+    assert all(c.applied for c in ElasticChange.objects.filter(job=job))
+    # the placement follows: the scheduler sees the GPUs the job uses as busy
+    placement = job.placements.get(active=True)
+    assert sorted(g.index for g in placement.gpus.all()) == [0, 1]
+    assert JobEvent.objects.filter(job=job, message__contains="reserved g1/2").exists()
+    assert JobEvent.objects.filter(job=job, message__contains="released g1/2").exists()
+    snap = build_snapshot()
+    assert [g.idle for g in snap.state.node("g1").gpus] == [False, False, True, True]
+
+
+def test_a_slowed_rank_is_replaced(alice):
+    job = running_elastic_job(alice, gpus=2, node_gpus=2)
+    job.elastic_min_workers = job.elastic_max_workers = 2
+    job.save()
+    PolicySettings.objects.create(name="e", policy="elastic", params={}, active=True)
+    for _ in range(4):
+        report(job, 2, 10.0, ranks=[1.0, 0.3])
+    run_cycle()
+    reply = report(job, 2, 10.0, ranks=[1.0, 0.3])
+    assert reply["replace_ranks"] == [1] and reply["workers"] == 2
+    change = ElasticChange.objects.get(job=job)
+    assert change.kind == "replace" and "rank 1" in change.reason
+    report(job, 2, 10.0, ranks=[1.0, 1.0], replaced=[1])
+    change.refresh_from_db()
+    assert change.applied
+    job.refresh_from_db()
+    ewma = job.elastic_state["straggler_ewma"]
+    assert ewma[1] == pytest.approx(1.0) and min(ewma) >= 0.8  # the spare starts afresh
+
+
+def test_a_bad_window_names_its_fields(alice):
+    from portal.core.elastic import ElasticReportError, elastic_window_report
+
+    job = running_elastic_job(alice)
+    with pytest.raises(ElasticReportError) as info:
+        elastic_window_report(
+            job, workers=0, batches=10, seconds=-1.0, rank_rates=["x"], remaining_steps=1.0
+        )
+    assert {"workers", "seconds", "rank_rates"} <= set(info.value.errors)
+    job.elastic_state = {}
+    job.save()
+    plain = Job.objects.create(owner=alice, name="plain", command="true")
+    with pytest.raises(ElasticReportError) as info:
+        elastic_window_report(plain, workers=1, batches=10, seconds=1.0)
+    assert "job" in info.value.errors
+
+
+def test_the_emulated_job_follows_the_engine_through_the_real_cycle(alice):
+    """workers.emulate_elastic driven by the portal's answers (the SDK's HTTP hop left out):
+    it grows from 1 while S holds, stops, and its slowed rank is replaced."""
+    from portal.core.elastic import elastic_window_report
+    from workers.emulate_elastic import ElasticRun, run
+
+    job = running_elastic_job(alice, gpus=1, node_gpus=4)
+    PolicySettings.objects.create(
+        name="e",
+        policy="elastic",
+        params={"scale_step_workers": 1, "scale_interval_batches": 20},
+        active=True,
+    )
+
+    class PortalClient:
+        calls = 0
+
+        def report_window(self, workers, batches, seconds, rank_rates, remaining, replaced=()):
+            reply = elastic_window_report(
+                job,
+                workers=workers,
+                batches=batches,
+                seconds=seconds,
+                rank_rates=list(rank_rates),
+                remaining_steps=remaining,
+                replaced_ranks=list(replaced),
+            )
+            self.calls += 1
+            if self.calls % 3 == 0:
+                run_cycle()
+            return reply
+
+    curve = {1: 10.0, 2: 20.0, 3: 21.0, 4: 21.5}
+    lines: list[str] = []
+    state = ElasticRun(curve, 3000, 1, warmup_s=1.0, slow_rank=0, slow_after_s=30.0)
+    run(state, PortalClient(), sleep=lambda s: None, emit=lines.append)
+    assert state.changes[:3] == ["1->2", "2->3", "3->2"]
+    assert "replace 0" in state.changes
+    assert lines[-1].startswith("@cosched done")
+    kinds = list(ElasticChange.objects.filter(job=job).values_list("kind", "applied"))
+    assert ("replace", True) in kinds and all(applied for _, applied in kinds)
+
+
+def test_a_due_decision_asks_for_a_cycle_at_once(alice):
+    from portal.core.models import OutboxMessage
+
+    job = running_elastic_job(alice, gpus=1, node_gpus=4)
+    PolicySettings.objects.create(
+        name="e",
+        policy="elastic",
+        params={"scale_step_workers": 1, "scale_interval_batches": 20},
+        active=True,
+    )
+    report(job, 1, 10.0)  # the first window after a change is not measured
+    assert not OutboxMessage.objects.filter(kind="schedule").exists()  # still measuring
+    report(job, 1, 10.0)  # 20 mini-batches, one window measured: probe 2 is due
+    assert OutboxMessage.objects.filter(kind="schedule", reason__contains="elastic").exists()

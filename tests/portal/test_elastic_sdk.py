@@ -1,0 +1,86 @@
+"""Elastic windows over HTTP: the training SDK's ``report_window`` against a real portal
+(pytest-django's live server) with the attempt's job token."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from portal.core.models import ElasticChange, Gpu, Job, Node, Placement, PlacementPart
+from portal.core.training import job_token
+from workers.sdk import TrainingClient
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def job(alice) -> Job:
+    node = Node.objects.create(name="n", kind="gpu", cores=8, memory_mb=32768)
+    for i in range(4):
+        Gpu.objects.create(node=node, index=i, model="V100", memory_mb=16384)
+    job = Job.objects.create(
+        owner=alice,
+        name="elastic",
+        gpus=2,
+        state="RUNNING",
+        started_at=timezone.now(),
+        elastic_min_workers=1,
+        elastic_max_workers=4,
+    )
+    p = Placement.objects.create(job=job, attempt=1, node=node, policy="test")
+    p.gpus.set(list(node.gpus.filter(index__lt=2)))
+    PlacementPart.objects.create(placement=p, node=node, gpu_indices=[0, 1], cpus=1)
+    return job
+
+
+def test_windows_reach_the_engine_and_the_answer_comes_back(live_server, job):
+    env = {"COSCHED_API_URL": live_server.url, "COSCHED_JOB_TOKEN": job_token(job.pk, 1)}
+    client = TrainingClient(environ=env)
+    for _ in range(3):
+        reply = client.report_window(2, 10, 0.5, [1.0, 1.0], 1000.0)
+    assert reply is not None and reply["workers"] == 2 and reply["replace_ranks"] == []
+    job.refresh_from_db()
+    assert job.elastic_state["measured"][0][:2] == [2, pytest.approx(20.0)]
+    # a proposal is answered at the next window; the window at the new count applies it
+    ElasticChange.objects.create(
+        job=job, kind="scale", workers_from=2, workers_to=3, reason="probe 3 workers"
+    )
+    state = dict(job.elastic_state, in_transition=True)
+    Job.objects.filter(pk=job.pk).update(elastic_state=state)
+    assert client.report_window(2, 10, 0.5, [1.0, 1.0], 990.0)["workers"] == 3
+    assert client.workers == 3
+    client.report_window(3, 10, 0.4, [1.0, 1.0, 1.0], 980.0)
+    assert ElasticChange.objects.get(job=job).applied
+    assert Placement.objects.get(job=job).gpus.count() == 3
+
+
+def test_bad_windows_and_bad_tokens_are_refused(live_server, job):
+    import json
+    import urllib.error
+    import urllib.request
+
+    def post(body, token):
+        request = urllib.request.Request(
+            live_server.url + "/api/v1/training/elastic/",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    token = job_token(job.pk, 1)
+    code, body = post({"workers": 0, "batches": 10, "seconds": -1, "speed": 3}, token)
+    assert code == 400 and {"speed"} <= set(body["errors"])
+    code, body = post({"workers": 0, "batches": 10, "seconds": -1}, token)
+    assert code == 400 and {"workers", "seconds"} <= set(body["errors"])
+    code, body = post({"workers": 2, "batches": 10}, token)
+    assert code == 400 and body["errors"]["seconds"] == ["required"]
+    code, _ = post({"workers": 2, "batches": 10, "seconds": 1.0}, "cjt_forged")
+    assert code == 401
+    assert not ElasticChange.objects.exists()
+    job.refresh_from_db()
+    assert job.elastic_state == {}
