@@ -42,7 +42,7 @@ def _user_model():
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("core", "0009_policy_runtime_error_profile_sources"),
+        ("core", "0007_policy_runtime_error_profile_sources"),
         ("teams", "0001_initial"),
     ]
 
