@@ -739,7 +739,6 @@ class HeteroSrtfPolicy(Policy):
         rest = [c for c in pending if c.job.id not in started and c.job.id not in waiting]
         rest += [g for g in guests if self.preempted(g.job) < self.max_preemptions]
         rest.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
-        guest_moved: set[str] = set()
         if any(f.total() for f in free.values()):
             for c in rest:
                 rem = c.rem
@@ -748,9 +747,18 @@ class HeteroSrtfPolicy(Policy):
                     continue
                 m = options[0]
                 if c.running is not None:
-                    # A packed job moves to a GPU of its own if that pays the move.
+                    # A packed job moves to a GPU of its own if that pays the move (sharing is
+                    # taken as half speed here) and it fits on one node of the model now.
                     shared_rem = c.rem.get(c.model or "", _INF) * 2
                     if rem[m] + self.cost_s >= shared_rem:
+                        continue
+                    back = {p.node: p.cpus for p in c.running.placement.parts}
+                    need = max(1, c.job.cpus)
+
+                    def ok(node: str, back: dict = back, need: int = need) -> bool:
+                        return cores.get(node, 0) + back.get(node, 0) >= need
+
+                    if free[m].best_fit(c.gpus, ok) is None:
                         continue
                     self._requeue(c, f"moved to a GPU of its own on {m}", actions, free, gpu_jobs)
                 pl = self._place(c, m, free[m], cores)
@@ -759,8 +767,6 @@ class HeteroSrtfPolicy(Policy):
                 decisions.append(self._decision(c, pl, m, "an idle GPU, next in key order"))
                 c.placed_model = m
                 started.add(c.job.id)
-                if c.running is not None:
-                    guest_moved.add(c.job.id)
                 host_of[pl.gpu_keys] = c
                 if not any(f.total() for f in free.values()):
                     break
