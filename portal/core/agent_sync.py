@@ -569,7 +569,11 @@ def _after(node: Node, effects: _Effects) -> None:
 
 class InProcessTransport:
     """A ``workers.protocol.Transport`` for agents living in the portal's process (the
-    embedded default): the request and the reply go through their JSON form, as over HTTP."""
+    embedded default): the request and the reply go through their JSON form, as over HTTP.
+    ``portal_url``: the portal's own address, given to jobs for the training SDK (None: none)."""
+
+    def __init__(self, portal_url: str | None = None) -> None:
+        self.portal_url = portal_url
 
     def sync(self, request: SyncRequest) -> SyncReply:
         from django.db import close_old_connections

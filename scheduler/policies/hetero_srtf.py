@@ -68,7 +68,9 @@ other than ``auto``/``mps`` also turns packing off.
 
 Preemption is a ``REQUEUE`` action (the job keeps its progress: checkpointed) followed, for a
 migration, by a new placement in the same plan. Each job's preemptions are counted here (this
-object's state, the only state it keeps). Every decision, action and waiting job is explained.
+object's state, the only state it keeps); a caller that builds a new policy object per cycle
+(the portal) passes the count in ``JobSpec.params["preemptions"]`` for the bound to hold.
+Every decision, action and waiting job is explained.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ from scheduler.policies.base import Policy, PolicyError
 from scheduler.policies.framework import framework_defaults
 
 _INF = math.inf
+#: ``JobSpec.params`` key a caller may set to the job's past preemptions (the live side rebuilds
+#: the policy every cycle, so its own count starts at 0 each time).
+PREEMPTIONS_PARAM = "preemptions"
 
 
 # ----------------------------------------------------------------------------------------
@@ -635,7 +640,7 @@ class HeteroSrtfPolicy(Policy):
                 for key in rj.placement.gpu_keys
             )
             here = node_model.get(rj.placement.node)
-            pinned = self.preemptions.get(rj.job.id, 0) >= self.max_preemptions
+            pinned = self.preempted(rj.job) >= self.max_preemptions
             if bounded and not shared and here is not None:
                 # A job no waiting job could preempt keeps its GPUs without a full estimate.
                 quick = self._quick_key(rj, now, models)
@@ -732,9 +737,8 @@ class HeteroSrtfPolicy(Policy):
             host_of[pl.gpu_keys] = c
         # Work conserving: idle GPUs take the next jobs in key order (guests first in order).
         rest = [c for c in pending if c.job.id not in started and c.job.id not in waiting]
-        rest += [g for g in guests if self.preemptions.get(g.job.id, 0) < self.max_preemptions]
+        rest += [g for g in guests if self.preempted(g.job) < self.max_preemptions]
         rest.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
-        guest_moved: set[str] = set()
         if any(f.total() for f in free.values()):
             for c in rest:
                 rem = c.rem
@@ -743,9 +747,18 @@ class HeteroSrtfPolicy(Policy):
                     continue
                 m = options[0]
                 if c.running is not None:
-                    # A packed job moves to a GPU of its own if that pays the move.
+                    # A packed job moves to a GPU of its own if that pays the move (sharing is
+                    # taken as half speed here) and it fits on one node of the model now.
                     shared_rem = c.rem.get(c.model or "", _INF) * 2
                     if rem[m] + self.cost_s >= shared_rem:
+                        continue
+                    back = {p.node: p.cpus for p in c.running.placement.parts}
+                    need = max(1, c.job.cpus)
+
+                    def ok(node: str, back: dict = back, need: int = need) -> bool:
+                        return cores.get(node, 0) + back.get(node, 0) >= need
+
+                    if free[m].best_fit(c.gpus, ok) is None:
                         continue
                     self._requeue(c, f"moved to a GPU of its own on {m}", actions, free, gpu_jobs)
                 pl = self._place(c, m, free[m], cores)
@@ -754,8 +767,6 @@ class HeteroSrtfPolicy(Policy):
                 decisions.append(self._decision(c, pl, m, "an idle GPU, next in key order"))
                 c.placed_model = m
                 started.add(c.job.id)
-                if c.running is not None:
-                    guest_moved.add(c.job.id)
                 host_of[pl.gpu_keys] = c
                 if not any(f.total() for f in free.values()):
                     break
@@ -879,7 +890,7 @@ class HeteroSrtfPolicy(Policy):
                 continue
             if pl.mode not in (SharingMode.MPS, SharingMode.EXCLUSIVE):
                 continue
-            if self.preemptions.get(rj.job.id, 0) >= self.max_preemptions:
+            if self.preempted(rj.job) >= self.max_preemptions:
                 continue
             times = rj.job.profile.gpu_time_s
             cur = node_model.get(pl.node)
@@ -939,6 +950,16 @@ class HeteroSrtfPolicy(Policy):
             c.placed_model = m
             decisions.append(self._decision(c, new_pl, m, "moved to an idle, faster GPU"))
 
+    def preempted(self, job: JobSpec) -> int:
+        """How often ``job`` was preempted: this object's count, or the caller's
+        ``job.params["preemptions"]`` (the live side's attempt history) if larger."""
+        given = job.params.get(PREEMPTIONS_PARAM, 0) if job.params else 0
+        try:
+            given = int(given)
+        except (TypeError, ValueError):
+            given = 0
+        return max(self.preemptions.get(job.id, 0), given)
+
     def _quick_key(self, rj: RunningJob, now: float, models: Sequence[str]) -> float | None:
         """A running job's key from its fastest model's consolidated time (no spread or memory
         filter): enough to tell that no waiting job could preempt it."""
@@ -972,7 +993,7 @@ class HeteroSrtfPolicy(Policy):
     ) -> None:
         rj = c.running
         assert rj is not None
-        self.preemptions[c.job.id] = self.preemptions.get(c.job.id, 0) + 1
+        self.preemptions[c.job.id] = self.preempted(c.job) + 1
         actions.append(Action(ActionKind.REQUEUE, c.job.id, self.name, why))
         for key in rj.placement.gpu_keys:
             jobs = tuple(j for j in gpu_jobs.get(key, ()) if j != c.job.id)

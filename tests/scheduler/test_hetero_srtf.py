@@ -281,3 +281,15 @@ def test_a_running_job_moves_to_an_idle_faster_gpu_when_it_pays() -> None:
     # A restart cost larger than the saving: it stays too.
     costly = HeteroSrtfPolicy(preemption_cost_s=5000.0)
     assert costly.schedule(_on_k80(0.1), random.Random(0)).actions == ()
+
+
+def test_the_bound_also_reads_the_callers_preemption_count() -> None:
+    # A fresh policy object (the portal builds one per cycle) learns the count from the job.
+    import dataclasses
+
+    state = _on_k80(0.1)
+    rj = state.running[0]
+    counted = dataclasses.replace(rj.job, params={"preemptions": 5})
+    state = dataclasses.replace(state, running=(dataclasses.replace(rj, job=counted),))
+    assert HeteroSrtfPolicy(max_preemptions=5).schedule(state, random.Random(0)).actions == ()
+    assert HeteroSrtfPolicy(max_preemptions=6).schedule(state, random.Random(0)).actions != ()

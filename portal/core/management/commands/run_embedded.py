@@ -101,11 +101,12 @@ class EmbeddedLoop:
             connections.close_all()
 
 
-def start_virtual_agents(*, log_dir: Any = None) -> list[Any]:
+def start_virtual_agents(*, log_dir: Any = None, portal_url: str | None = None) -> list[Any]:
     """One in-process ``NodeAgent`` per ``virtual`` node row (in-process transport), its local
     state read (attempts of an earlier run adopted or collected) and registered by a first
     sync. ``log_dir``: where job logs go (its parent holds the agents' state); default
-    ``<COSCHED_DATA_DIR>/logs``."""
+    ``<COSCHED_DATA_DIR>/logs``. ``portal_url``: given to jobs as ``COSCHED_API_URL`` (the
+    training SDK)."""
     from pathlib import Path
 
     from portal.core.agent_sync import InProcessTransport
@@ -125,7 +126,7 @@ def start_virtual_agents(*, log_dir: Any = None) -> list[Any]:
         agent = NodeAgent(
             node.name,
             backend,
-            InProcessTransport(),
+            InProcessTransport(portal_url),
             kind=node.kind,
             cores=node.cores,
             memory_mb=node.memory_mb,
@@ -186,7 +187,10 @@ class Command(BaseCommand):
             )
         # Tasks run in-process here: Celery's "Task ... succeeded" line per launch is noise.
         logging.getLogger("celery.app.trace").setLevel(logging.WARNING)
-        agents = start_virtual_agents()
+        addrport = str(opts["addrport"])
+        agents = start_virtual_agents(
+            portal_url=f"http://{addrport if ':' in addrport else '127.0.0.1:' + addrport}"
+        )
         if not agents:
             self.stderr.write("no virtual nodes in the database: run `manage.py load_demo` first")
         # SIGTERM (a service manager, `kill`) ends the run like Ctrl-C: the finally below kills
