@@ -27,6 +27,7 @@ from scheduler.domain import (
     SharingMode,
     StallReasons,
 )
+from scheduler.policies.hetero_srtf import PREEMPTIONS_PARAM
 
 _STALL_FIELDS = {
     "exec_dependency": "stall_exec_dependency_pct",
@@ -110,7 +111,10 @@ def job_to_domain(job: Job, *, epoch: Any = None) -> JobSpec:
         job_type=(job.params or {}).get("job_type"),
         elastic_min=job.elastic_min_workers,
         elastic_max=job.elastic_max_workers,
-        params=dict(job.params or {}),
+        # The job's past requeues (preemptions, node losses) for policies that bound how often
+        # one job is preempted (hetero_srtf's max_preemptions): the portal's count, never the
+        # user's (a user-set value could pin a job on its GPUs).
+        params={**(job.params or {}), PREEMPTIONS_PARAM: job.requeue_count},
         elastic_deadline_s=(
             None if job.elastic_deadline_s is None else float(job.elastic_deadline_s)
         ),

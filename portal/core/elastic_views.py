@@ -12,14 +12,12 @@ for a missing or forged token, 403 for an attempt that is no longer running. 400
 
 from __future__ import annotations
 
-import json
-
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from portal.core.elastic import ElasticReportError, elastic_window_report
-from portal.core.training import TokenError, job_token_placement
+from portal.core.training_views import read_job_request
 
 MAX_WINDOW_BYTES = 64 * 1024
 FIELDS = (
@@ -33,33 +31,13 @@ FIELDS = (
 )
 
 
-def _error(status: int, message: str) -> JsonResponse:
-    response = JsonResponse({"detail": message}, status=status)
-    if status == 401:
-        response["WWW-Authenticate"] = "Bearer"
-    return response
-
-
 @csrf_exempt
 @require_POST
 def window(request: HttpRequest) -> HttpResponse:
-    scheme, _, key = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        return _error(401, "give the job's token: Authorization: Bearer <COSCHED_JOB_TOKEN>")
-    try:
-        length = int(request.headers.get("Content-Length") or 0)
-    except ValueError:
-        return _error(400, "bad Content-Length")
-    if length > MAX_WINDOW_BYTES:
-        return _error(413, f"a window is at most {MAX_WINDOW_BYTES} bytes")
-    try:
-        placement = job_token_placement(key.strip())
-    except TokenError as exc:
-        return _error(exc.status, str(exc))
-    try:
-        data = json.loads(request.body or b"{}")
-    except (ValueError, UnicodeDecodeError):
-        return JsonResponse({"errors": {"body": ["expected a JSON object"]}}, status=400)
+    read = read_job_request(request, MAX_WINDOW_BYTES, "window")
+    if isinstance(read, JsonResponse):
+        return read
+    placement, data = read
     if not isinstance(data, dict):
         return JsonResponse({"errors": {"body": ["expected a JSON object"]}}, status=400)
     unknown = sorted(set(data) - set(FIELDS))

@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from portal.core.models import Placement
 from portal.core.training import ReportError, TokenError, job_token_placement, training_report
 
 MAX_REPORT_BYTES = 64 * 1024
@@ -27,9 +28,13 @@ def _error(status: int, message: str) -> JsonResponse:
     return response
 
 
-@csrf_exempt
-@require_POST
-def report(request: HttpRequest) -> HttpResponse:
+def read_job_request(
+    request: HttpRequest, max_bytes: int, noun: str
+) -> tuple[Placement, object] | JsonResponse:
+    """The running attempt a job-token request speaks for and its parsed JSON body (None if
+    the body is not JSON), or the error response to send: 401 without a bearer token, 413 over
+    ``max_bytes`` ("a ``noun`` is at most ..."), 401/403 for a forged or ended attempt's token.
+    Shared by the training SDK's endpoints."""
     scheme, _, key = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         return _error(401, "give the job's token: Authorization: Bearer <COSCHED_JOB_TOKEN>")
@@ -37,8 +42,8 @@ def report(request: HttpRequest) -> HttpResponse:
         length = int(request.headers.get("Content-Length") or 0)
     except ValueError:
         return _error(400, "bad Content-Length")
-    if length > MAX_REPORT_BYTES:
-        return _error(413, f"a report is at most {MAX_REPORT_BYTES} bytes")
+    if length > max_bytes:
+        return _error(413, f"a {noun} is at most {max_bytes} bytes")
     try:
         placement = job_token_placement(key.strip())
     except TokenError as exc:
@@ -46,6 +51,18 @@ def report(request: HttpRequest) -> HttpResponse:
     try:
         data = json.loads(request.body or b"{}")
     except (ValueError, UnicodeDecodeError):
+        data = None
+    return placement, data
+
+
+@csrf_exempt
+@require_POST
+def report(request: HttpRequest) -> HttpResponse:
+    read = read_job_request(request, MAX_REPORT_BYTES, "report")
+    if isinstance(read, JsonResponse):
+        return read
+    placement, data = read
+    if data is None:
         return JsonResponse({"errors": {"body": "expected a JSON object"}}, status=400)
     try:
         reply = training_report(placement, data)

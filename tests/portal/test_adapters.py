@@ -18,6 +18,7 @@ from portal.core.adapters import (
 from portal.core.models import (
     ApplicationProfile,
     Gpu,
+    Job,
     Node,
     Placement,
     ProfileGpuTime,
@@ -34,6 +35,7 @@ from scheduler.domain import (
     SharingMode,
     StallReasons,
 )
+from scheduler.policies.hetero_srtf import HeteroSrtfPolicy
 
 pytestmark = pytest.mark.django_db
 
@@ -130,6 +132,22 @@ def test_job_to_domain(alice, lammps):
     assert spec.job_type == "LM (batch size 20)"
     assert spec.profile.name == "LAMMPS"
     assert spec.memory_need_mb() == 9000
+
+
+def test_the_policies_see_the_portals_requeue_count_not_the_users(alice):
+    # hetero_srtf bounds preemptions per job from params["preemptions"]; the live side builds
+    # a new policy object each cycle, so the count must come from the job's row, and a user's
+    # own value (which would pin the job on its GPUs) must not survive.
+    job, _ = services.job_submit(
+        alice, name="pinned?", command="x", gpus=1, params={"preemptions": 99, "steps": 5}
+    )
+    Job.objects.filter(pk=job.pk).update(requeue_count=2)
+    job.refresh_from_db()
+    spec = job_to_domain(job)
+    assert spec.params["preemptions"] == 2
+    assert spec.params["steps"] == 5
+    policy = HeteroSrtfPolicy(max_preemptions=2)
+    assert policy.preempted(spec) == 2
 
 
 def test_cpu_job_without_profile(alice):
