@@ -17,7 +17,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action, api_view
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import ParseError, PermissionDenied, ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
@@ -351,7 +351,17 @@ class ProfileViewSet(viewsets.ModelViewSet):
         parser_classes=[MultiPartParser, FormParser, JSONParser],
     )
     def import_profiles(self, request: Request) -> Response:
-        form = ProfileImportSerializer(data=request.data)
+        try:
+            body = request.data
+        except ParseError as exc:  # an unreadable body: the same shape as a file's errors
+            return Response(
+                {
+                    "detail": "nothing imported: 1 error(s) in the request",
+                    "errors": [{"row": None, "field": "body", "message": str(exc.detail)}],
+                },
+                status=status.HTTP_400_BAD_REQUEST,
+            )
+        form = ProfileImportSerializer(data=body)
         if not form.is_valid():  # the request itself is wrong: same shape as a file's errors
             errors = [
                 {"row": None, "field": name, "message": str(message)}
