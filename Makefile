@@ -17,7 +17,7 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 # Browser tests drive Debian's headless Chromium through its chromedriver.
 BROWSER_PACKAGES := chromium chromium-driver
 
-.PHONY: install demo test lint bench bench-quick browser-deps migrate clean lock docs chaos
+.PHONY: install demo test test-slow lint bench bench-quick browser-deps migrate clean lock docs chaos
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -94,8 +94,14 @@ browser-deps:
 			{ echo "browser-deps: apt-get ran but chromium/chromedriver are still missing"; exit 1; }; \
 	fi
 
+# `make test`: every test but the few heaviest full-stack ones (marked `slow`: the elastic,
+# Slow-Down and seed 004 live runs, the 200-job double-placement run and the quick chaos suite),
+# which `make test-slow` runs; CI (.ci/run) runs both.
 test: install lint browser-deps
-	$(TEST_ENV) $(BIN)/pytest $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+test-slow: install browser-deps
+	$(TEST_ENV) $(BIN)/pytest -m slow $(PYTEST_ARGS)
 
 # The chaos suite (docs/reliability.md): the real stack on a scratch PostgreSQL database and a
 # private Redis, under six faults; prints the table and fails if a job was lost, ran twice,

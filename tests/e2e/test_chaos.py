@@ -4,6 +4,8 @@ every attempt's outcome recorded."""
 
 from __future__ import annotations
 
+import pytest
+
 from portal.core.outbox import CYCLE_PENDING_KEY
 from tests.e2e.chaos import CYCLE_MARKER, QUICK, format_row, run
 
@@ -12,6 +14,7 @@ def test_the_suite_drops_cycle_messages_through_the_real_marker():
     assert CYCLE_MARKER == CYCLE_PENDING_KEY
 
 
+@pytest.mark.slow
 def test_quick_chaos_loses_nothing_and_runs_nothing_twice_or_at_once():
     rows = run(quick=True)
     assert [r.fault for r in rows] == list(QUICK.faults)

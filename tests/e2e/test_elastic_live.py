@@ -14,7 +14,7 @@ import pytest
 
 from tests.e2e.conftest import wait_for
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 NODE = "e2e-elastic"
 

@@ -166,6 +166,7 @@ def test_pause_resume_and_cancel_reach_the_process(cluster, user_token):
     assert job_row(job_id).state == "CANCELLED"
 
 
+@pytest.mark.slow
 def test_two_hundred_jobs_two_scheduler_workers_no_double_placement(cluster, user_token):
     from portal.core.models import JobEvent, Placement
 

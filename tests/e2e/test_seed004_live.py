@@ -27,7 +27,7 @@ from portal.core.models import Job, JobEvent, Placement
 from tests.e2e.conftest import wait_for
 from tests.embedded import embedded_loop
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 # Profile times x 0.1: the CNNs run ~20 s on a GPU, LAMMPS ~8.5 s; the CPU jobs much longer.
 SCALE = "0.1"

@@ -19,7 +19,7 @@ from tests.e2e.conftest import wait_for
 
 # transaction=True: the test switches the active policy between the two runs, and the
 # scheduler workers lock that row; inside a test transaction they would wait for the test.
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 NODE = "e2e-dr"
 T = 5.0  # seconds: solo times T, 2T, 3T
