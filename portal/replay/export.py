@@ -56,6 +56,7 @@ class HistoryExport:
     cluster: dict[str, Any]
     origin: datetime | None
     owners: dict[str, str] = field(default_factory=dict)  # job id -> user name
+    projects: dict[str, str] = field(default_factory=dict)  # job id -> project name
     left_out: dict[str, int] = field(default_factory=dict)  # reason -> jobs
     live: list[LiveRecord] = field(default_factory=list)
 
@@ -76,7 +77,7 @@ def history_export(since: datetime, until: datetime) -> HistoryExport:
 
     rows = list(
         period.filter(state=JobState.COMPLETED)
-        .select_related("owner")
+        .select_related("owner", "project")
         .order_by("submitted_at", "id")
     )
     # The GPU model each job's completed attempt ran on (one query for the whole period).
@@ -93,6 +94,7 @@ def history_export(since: datetime, until: datetime) -> HistoryExport:
     origin = rows[0].submitted_at if rows else None
     jobs: list[JobSpec] = []
     owners: dict[str, str] = {}
+    projects: dict[str, str] = {}
     live: list[LiveRecord] = []
     for job in rows:
         run_s = _seconds_between(job.started_at, job.finished_at)
@@ -120,6 +122,7 @@ def history_export(since: datetime, until: datetime) -> HistoryExport:
         )
         jobs.append(spec)
         owners[spec.id] = user
+        projects[spec.id] = job.project.name if job.project is not None else "?"
         if run_s is not None and job.started_at is not None:
             live.append(
                 LiveRecord(
@@ -137,6 +140,7 @@ def history_export(since: datetime, until: datetime) -> HistoryExport:
         cluster=cluster_of(until),
         origin=origin,
         owners=owners,
+        projects=projects,
         left_out=dict(left_out),
         live=live,
     )

@@ -45,6 +45,7 @@ class ReplayRun(models.Model):
     cluster = models.CharField(max_length=300, blank=True, help_text="the cluster, in words")
     summary = models.JSONField(default=list, blank=True)
     per_user = models.JSONField(default=list, blank=True)
+    per_project = models.JSONField(default=list, blank=True)  # the same per project (team)
     out_dir = models.CharField(max_length=500, blank=True)
 
     class Meta:

@@ -210,7 +210,7 @@ def _execute(run: ReplayRun) -> None:
     _set(run.pk, cluster=cluster.describe()[:300])
     results = _simulate(run, cluster, jobs)
     _set(run.pk, progress=_EXPORT_SHARE + _SIMULATE_SHARE, message="writing the report")
-    summary, per_user = _comparison(results, export)
+    summary, per_user, per_project = _comparison(results, export)
     from scheduler.simulate import write_outputs
 
     write_outputs(
@@ -231,6 +231,7 @@ def _execute(run: ReplayRun) -> None:
         finished_at=timezone.now(),
         summary=rows,
         per_user=_records(per_user),
+        per_project=_records(per_project),
     )
 
 
@@ -268,8 +269,9 @@ def _simulate(run: ReplayRun, cluster: Any, jobs: list[Any]) -> list[Any]:
     return results
 
 
-def _comparison(results: list[Any], export: HistoryExport) -> tuple[Any, Any]:
-    """The simulator's summary (plus ``user_fairness``) and the per-user table."""
+def _comparison(results: list[Any], export: HistoryExport) -> tuple[Any, Any, Any]:
+    """The simulator's summary (plus ``user_fairness`` and ``project_fairness``), the
+    per-user table and the per-project table."""
     import pandas as pd
 
     from scheduler.group_metrics import group_fairness, group_summary
@@ -280,7 +282,10 @@ def _comparison(results: list[Any], export: HistoryExport) -> tuple[Any, Any]:
     per_user = group_summary(pd.concat(frames, ignore_index=True), export.owners)
     fairness = group_fairness(per_user)
     summary["user_fairness"] = [fairness.get(str(p), float("nan")) for p in summary["policy"]]
-    return summary, per_user
+    per_project = group_summary(pd.concat(frames, ignore_index=True), export.projects)
+    by_project = group_fairness(per_project)
+    summary["project_fairness"] = [by_project.get(str(p), float("nan")) for p in summary["policy"]]
+    return summary, per_user, per_project
 
 
 def _live_row(export: HistoryExport) -> dict[str, Any]:

@@ -37,6 +37,7 @@ COLUMNS = {
     "max_slowdown": ("max Slow-Down", 2),
     "fairness": ("job fairness", 2),
     "user_fairness": ("user fairness", 2),
+    "project_fairness": ("project fairness", 2),
 }
 
 
@@ -109,6 +110,7 @@ def replay_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "columns": [heading for heading, _d in COLUMNS.values()],
             "rows": rows,
             "per_user": run.per_user,
+            "per_project": run.per_project,
             "files": files,
             "mismatch": mismatch,
             "running": run.status in (ReplayRun.Status.QUEUED, ReplayRun.Status.RUNNING),

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.core.exceptions import ValidationError
 
+from portal.core.models import Job
 from portal.replay.models import ReplayRun
 from portal.replay.services import LIVE_ROW, replay_run_execute
 from tests.portal.replay_helpers import T0, finished_job, make_nodes, make_profile
@@ -97,11 +98,20 @@ def test_a_replay_runs_and_shows_the_comparison(
     users = {(r["policy"], r["group"]): r for r in run.per_user}
     assert users[("fifo", "alice")]["jobs"] == 3 and users[("fifo", "bob")]["jobs"] == 3
     assert users[("fifo", "alice")]["gpu_seconds"] == pytest.approx(1800)
+    # The same per project (each user's jobs are in their personal project here).
+    names = {
+        j.owner.username: j.project.name for j in Job.objects.select_related("owner", "project")
+    }
+    projects = {(r["policy"], r["group"]): r for r in run.per_project}
+    assert {g for p, g in projects if p == "fifo"} == set(names.values())
+    assert projects[("fifo", names["alice"])]["gpu_seconds"] == pytest.approx(1800)
+    assert fifo["project_fairness"] is not None and 0 < fifo["project_fairness"] <= 1
 
     page = client.get(f"/replay/{run.pk}/")
     assert page.status_code == 200
     text = page.content.decode()
     assert "live (as it ran)" in text and "binpack" in text and 'id="replay-users"' in text
+    assert 'id="replay-projects"' in text and "project fairness" in text
     assert '<td class="num">1,810</td>' in text  # fifo's makespan, as the table shows it
     assert 'id="replay-mismatch"' not in text  # the jobs ran 590 s of their profiles' 600 s
     status = client.get(f"/replay/{run.pk}/status/").json()
