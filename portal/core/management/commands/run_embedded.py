@@ -101,7 +101,9 @@ class EmbeddedLoop:
             connections.close_all()
 
 
-def start_virtual_agents(*, log_dir: Any = None, portal_url: str | None = None) -> list[Any]:
+def start_virtual_agents(
+    *, log_dir: Any = None, portal_url: str | None = None, job_users: Any = None
+) -> list[Any]:
     """One in-process ``NodeAgent`` per ``virtual`` node row (in-process transport), its local
     state read (attempts of an earlier run adopted or collected) and registered by a first
     sync. ``log_dir``: where job logs go (its parent holds the agents' state); default
@@ -134,11 +136,27 @@ def start_virtual_agents(*, log_dir: Any = None, portal_url: str | None = None) 
             data_dir=data_dir,
             log_dir=Path(log_dir) if log_dir is not None else None,
             address="127.0.0.1",
+            job_users=job_users,
         )
         agent.start()
         agent.step()
         agents.append(agent)
     return agents
+
+
+def _job_users(run_as: str | None) -> Any:
+    """The agents' job accounts for ``--run-jobs-as`` (None: every job as this process's own
+    account, the demo's default); CommandError when this process cannot apply it."""
+    from workers.isolation import IsolationError, JobUsers
+
+    if not run_as:
+        return None
+    try:
+        users = JobUsers.from_options(run_as)
+        users.check()
+    except IsolationError as exc:
+        raise CommandError(f"--run-jobs-as {run_as}: {exc}") from None
+    return users
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:
@@ -177,6 +195,12 @@ class Command(BaseCommand):
             help="skip arrivals while the demo user has this many jobs queued (default 20)",
         )
         parser.add_argument("--arrivals-seed", type=int, default=None, help="arrivals' seed")
+        parser.add_argument(
+            "--run-jobs-as",
+            default=None,
+            help="'owner': each job as its portal owner's unix account (root only; docs/"
+            "security.md), or one account NAME for every job (default: this process's account)",
+        )
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if not settings.CELERY_TASK_ALWAYS_EAGER:
@@ -188,8 +212,10 @@ class Command(BaseCommand):
         # Tasks run in-process here: Celery's "Task ... succeeded" line per launch is noise.
         logging.getLogger("celery.app.trace").setLevel(logging.WARNING)
         addrport = str(opts["addrport"])
+        job_users = _job_users(opts["run_jobs_as"])
         agents = start_virtual_agents(
-            portal_url=f"http://{addrport if ':' in addrport else '127.0.0.1:' + addrport}"
+            job_users=job_users,
+            portal_url=f"http://{addrport if ':' in addrport else '127.0.0.1:' + addrport}",
         )
         if not agents:
             self.stderr.write("no virtual nodes in the database: run `manage.py load_demo` first")
