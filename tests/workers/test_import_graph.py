@@ -29,6 +29,7 @@ AGENT_HOSTS = {
     "portal/core/management/commands/run_embedded.py": {
         "workers.agent",
         "workers.gpu.virtual_backend",
+        "workers.isolation",  # --run-jobs-as: the agents' job accounts, as the agent's option
         "workers.tasks",
     }
 }
