@@ -223,7 +223,9 @@ def test_gangs_are_placed_whole_or_wait_with_what_is_missing(name):
 def test_co_locating_policies_respect_higher_job_limits(name):
     policy = build_policy(name, {"max_jobs_per_gpu": 3})
     state = _busy()
-    check_plan(state, policy.schedule(state, random.Random(3)), max_jobs_per_gpu=3)
+    plan = policy.schedule(state, random.Random(3))
+    check_plan(state, plan, max_jobs_per_gpu=3)  # raises AssertionError on a broken limit
+    assert plan.decisions or plan.waiting, "the plan neither placed nor explained a job"
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -235,7 +237,8 @@ def test_mig_share_mode_respects_slices(name):
         pending=tuple(job(f"s{i}", 5) for i in range(10)),
     )
     plan = policy.schedule(state, random.Random(1))
-    check_plan(state, plan)
+    check_plan(state, plan)  # raises AssertionError when MIG slices are overcommitted
+    assert plan.decisions or plan.waiting, "the plan neither placed nor explained a job"
 
 
 @pytest.mark.parametrize("name", POLICIES)
