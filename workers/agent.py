@@ -149,6 +149,7 @@ class _Attempt:
     runner_ticks: int | None = None
     job_pid: int | None = None
     job_ticks: int | None = None
+    job_pgids: tuple[int, ...] = ()  # every process group of the job (one per rank)
     paused: bool = False  # what was applied (SIGSTOP) to the job's group
     stopping: bool = False
     result: AttemptResult | None = None  # set once the runner recorded how it ended
@@ -623,6 +624,7 @@ class NodeAgent:
                     "attempt": spec.to_dict(),
                     "argv": ["/bin/sh", "-c", spec.command],
                     "env": env,
+                    "ranks": rank_envs(spec, env, self.name),
                     "cwd": str(workdir),
                     "checkpoint_dir": env[CHECKPOINT_DIR_ENV],
                     "time_limit_s": spec.time_limit_s,
@@ -850,9 +852,14 @@ class NodeAgent:
             self._read_job(a)
         if a.job_pid is None:
             return  # still starting: the next round applies it
-        try:
-            os.killpg(a.job_pid, signal.SIGSTOP if paused else signal.SIGCONT)
-        except ProcessLookupError:
+        alive = False
+        for pgid in a.job_pgids or (a.job_pid,):
+            try:
+                os.killpg(pgid, signal.SIGSTOP if paused else signal.SIGCONT)
+                alive = True
+            except ProcessLookupError:
+                continue  # this rank has ended
+        if not alive:
             return  # it has ended; collect will see the result
         a.paused = paused
         if a.attached:
@@ -877,6 +884,7 @@ class NodeAgent:
         job = runner_files.read_json(a.dir / runner_files.JOB)
         if job is not None and job.get("pid"):
             a.job_pid, a.job_ticks = int(job["pid"]), job.get("start_ticks")
+            a.job_pgids = tuple(int(g) for g in job.get("pgids") or ())
             if a.attached and self._virtual() is not None:
                 self._virtual().set_pid(str(a.job_id), a.job_pid)
 
@@ -1097,23 +1105,60 @@ def marker_for(state_dir: Path) -> str:
     return hashlib.sha256(str(Path(state_dir).absolute()).encode()).hexdigest()[:16]
 
 
+def master_port(spec: AttemptSpec) -> int:
+    """``MASTER_PORT`` of an attempt: from its job id and attempt number, so the next attempt of
+    a regrouped job does not find the last one's port in TIME_WAIT (29500-30499)."""
+    return 29500 + (spec.job_id % 100) * 10 + spec.attempt % 10
+
+
 def gang_env(spec: AttemptSpec) -> dict[str, str]:
-    """The launcher environment of a multi-node attempt (PyTorch's and Horovod's names):
-    ``MASTER_ADDR`` (node rank 0's address), ``MASTER_PORT``, ``WORLD_SIZE`` (one process per
-    node), ``RANK`` / ``NODE_RANK`` (this node's rank), ``LOCAL_RANK`` 0, and
-    ``COSCHED_NODES`` (every node, rank order). Empty for a single-node attempt."""
-    if not spec.is_gang:
+    """The launcher environment of a multi-process attempt (PyTorch's and Horovod's names):
+    ``MASTER_ADDR`` (node rank 0's address), ``MASTER_PORT``, ``WORLD_SIZE``, ``NODE_RANK`` /
+    ``GROUP_RANK`` (this node's rank), ``LOCAL_WORLD_SIZE`` and ``COSCHED_NODES`` (every node,
+    rank order). One process per node: ``WORLD_SIZE`` is the node count and ``RANK`` the node
+    rank, ``LOCAL_RANK`` 0; empty for a single-node attempt. One per GPU
+    (``spec.process_per_gpu``, elastic jobs): ``WORLD_SIZE`` counts the GPUs of every node and
+    each process's ``RANK`` / ``LOCAL_RANK`` / GPU come from ``rank_envs``; set even on one
+    node."""
+    if not spec.is_gang and not spec.process_per_gpu:
         return {}
     master = spec.parts[0]
-    return {
+    env = {
         "MASTER_ADDR": master.address or master.node,
-        "MASTER_PORT": str(29500 + spec.job_id % 1000),
-        "WORLD_SIZE": str(len(spec.parts)),
-        "RANK": str(spec.node_rank),
+        "MASTER_PORT": str(master_port(spec)),
+        "WORLD_SIZE": str(spec.world_size),
         "NODE_RANK": str(spec.node_rank),
-        "LOCAL_RANK": "0",
+        "GROUP_RANK": str(spec.node_rank),
         "COSCHED_NODES": ",".join(p.node for p in spec.parts),
     }
+    if spec.process_per_gpu:
+        env["LOCAL_WORLD_SIZE"] = str(max(1, len(spec.part.gpu_indices)))
+    else:
+        env.update(RANK=str(spec.node_rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    return env
+
+
+def rank_envs(spec: AttemptSpec, env: dict[str, str], node: str) -> list[dict[str, str]] | None:
+    """What each process of a ``process_per_gpu`` part adds to the part's environment ``env``:
+    ``RANK`` (global: node ranks in order, GPUs in order within a node), ``LOCAL_RANK``, its own
+    GPU in ``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES`` (one entry of the part's list)
+    and ``COSCHED_GPU`` (``node/index``). None: one process for the part."""
+    gpus = spec.part.gpu_indices
+    if not spec.process_per_gpu or len(gpus) < 1:
+        return None
+    visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    if len(visible) != len(gpus):  # a MIG instance or a shared GPU: one entry for all
+        visible = [",".join(visible)] * len(gpus)
+    return [
+        {
+            "RANK": str(spec.first_rank + i),
+            "LOCAL_RANK": str(i),
+            "CUDA_VISIBLE_DEVICES": visible[i],
+            "NVIDIA_VISIBLE_DEVICES": visible[i],
+            "COSCHED_GPU": f"{node}/{index}",
+        }
+        for i, index in enumerate(gpus)
+    ]
 
 
 def _profile_of(spec: AttemptSpec) -> Profile | None:

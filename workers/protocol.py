@@ -306,6 +306,9 @@ class AttemptSpec:
     ``parts``: every node of the attempt in node-rank order; ``node_rank`` is the receiver's.
     ``time_limit_s``: the job's time limit for this attempt (running time, pauses excluded);
     past it the runner stops the job and the result's outcome is ``time_limit``.
+    ``process_per_gpu``: start one process (a data-parallel rank) per GPU of the part instead
+    of one per node; every rank gets its own ``RANK`` / ``LOCAL_RANK`` and GPU, and
+    ``WORLD_SIZE`` counts the GPUs of every part (``rank_envs``). Elastic jobs run this way.
     """
 
     job_id: int
@@ -328,10 +331,25 @@ class AttemptSpec:
     owner: str = ""  # the portal user; the node runs the job as their account (isolation)
     memory_mb: int | None = None  # the job's memory (per node), for its cgroup
     time_limit_s: float | None = None
+    process_per_gpu: bool = False
 
     @property
     def key(self) -> AttemptKey:
         return AttemptKey(self.job_id, self.attempt)
+
+    @property
+    def world_size(self) -> int:
+        """Processes of the whole attempt: one per GPU (``process_per_gpu``), else per node."""
+        if self.process_per_gpu:
+            return sum(max(1, len(p.gpu_indices)) for p in self.parts)
+        return len(self.parts)
+
+    @property
+    def first_rank(self) -> int:
+        """The global rank of the receiving node's first process."""
+        if not self.process_per_gpu:
+            return self.node_rank
+        return sum(max(1, len(p.gpu_indices)) for p in self.parts[: self.node_rank])
 
     @property
     def part(self) -> GangPart:
@@ -364,6 +382,7 @@ class AttemptSpec:
             "owner": self.owner,
             "memory_mb": self.memory_mb,
             "time_limit_s": self.time_limit_s,
+            "process_per_gpu": self.process_per_gpu,
         }
 
     @classmethod
@@ -404,6 +423,7 @@ class AttemptSpec:
             owner=r.str("owner", required=False, limit=150),
             memory_mb=r.int("memory_mb", required=False, minimum=1),
             time_limit_s=limit,
+            process_per_gpu=r.bool("process_per_gpu"),
         )
 
 

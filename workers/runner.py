@@ -21,7 +21,9 @@ finished while its agent was away is not started again when the lease runs out.
 
 Files (JSON, each written atomically: a temporary file renamed into place):
 
-- ``ATTEMPT_DIR/spec.json`` (agent, before the start): ``argv``, ``env``, ``cwd``, ``log``,
+- ``ATTEMPT_DIR/spec.json`` (agent, before the start): ``argv``, ``env``, ``ranks``
+  (optional: one mapping per process to start, added to ``env``: a data-parallel job's ranks,
+  one per GPU; absent: one process), ``cwd``, ``log``,
   ``lease_file``, ``lease_deadline`` (``lease_clock`` s; used while the lease file is missing),
   ``wake_fifo``, ``report`` (``url``, ``token_file``, ``node``, ``job_id``, ``attempt``; absent
   in-process), ``report_after_s``, ``ack_wait_s`` (how long to stay for the acknowledgement),
@@ -31,7 +33,11 @@ Files (JSON, each written atomically: a temporary file renamed into place):
 - ``ATTEMPT_DIR/runner.json`` (runner, at once): ``pid``, ``start_ticks`` (its start time in
   clock ticks since boot: a reused pid is not mistaken for it).
 - ``ATTEMPT_DIR/job.json`` (runner, once the job started): ``pid``, ``pgid``, ``start_ticks``,
-  ``started_at`` (epoch s).
+  ``started_at`` (epoch s) of the first process, ``pgids`` (every process's group).
+
+With several ranks, each is started in a session of its own and all are one job: the job has
+ended when every rank has exited, or as soon as one exits with a failure (the others are then
+stopped: SIGTERM, SIGKILL after the grace), and its status is the first failure's.
 - ``ATTEMPT_DIR/stop.json`` (agent, then SIGTERM to the runner): ``outcome`` (``killed`` or
   ``stopped``), ``detail``, ``grace_s``.
 - ``ATTEMPT_DIR/reported.json`` (runner): it reported the result to the portal itself.
@@ -166,7 +172,8 @@ class Runner:
         self._lease_mtime: int | None = None
         self._lease = (self.fallback_deadline, DEFAULT_GRACE_S)
         self._stop_asked = False
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: subprocess.Popen[bytes] | None = None  # the first (or only) process
+        self.procs: list[subprocess.Popen[bytes]] = []
         self.started_at: float | None = None
         self.result: dict | None = None
         self.isolation = isolation.JobLaunch(None)
@@ -294,6 +301,7 @@ class Runner:
     def _start(self) -> bool:
         spec = self.spec
         log = str(spec["log"])
+        ranks = spec.get("ranks") or [{}]
         # Isolation (workers.isolation): the job's account, its private log and working
         # directory, its cgroup; applied in the child before exec.
         self.isolation = iso = isolation.JobLaunch(spec.get("isolation"))
@@ -303,26 +311,35 @@ class Runner:
                 if iso.cgroup_error:
                     out.write(f"[cosched] no cgroup limits: {iso.cgroup_error}\n".encode())
                     out.flush()
-                self.proc = subprocess.Popen(
-                    spec["argv"],
-                    env=iso.env(spec["env"], str(spec["cwd"])),
-                    cwd=spec["cwd"],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    close_fds=True,
-                    preexec_fn=iso.preexec,  # the runner has one thread: fork-safe
-                )
+                for extra in ranks:
+                    self.procs.append(
+                        subprocess.Popen(
+                            spec["argv"],
+                            env=iso.env({**spec["env"], **extra}, str(spec["cwd"])),
+                            cwd=spec["cwd"],
+                            stdin=subprocess.DEVNULL,
+                            stdout=out,
+                            stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                            close_fds=True,
+                            preexec_fn=iso.preexec,  # the runner has one thread: fork-safe
+                        )
+                    )
         except (OSError, subprocess.SubprocessError) as exc:
+            for proc in self.procs:  # ranks already started go with the one that could not
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             self._finish("launch_failed", None, f"cannot start the command: {exc}")
             return False
+        self.proc = self.procs[0]
         self.started_at = time.time()
         write_json(
             self._path(JOB),
             {
                 "pid": self.proc.pid,
                 "pgid": self.proc.pid,
+                "pgids": [p.pid for p in self.procs],
                 "start_ticks": start_ticks(self.proc.pid),
                 "started_at": self.started_at,
             },
@@ -337,15 +354,28 @@ class Runner:
         return bool(fields) and fields[0] in ("T", "t")
 
     def _signal_group(self, signum: int) -> None:
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signum)
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signum)
 
-    def _wait(self, timeout: float, pidfd: int | None) -> int | None:
-        """Wait up to ``timeout`` s for the job to exit or a signal; the status or None."""
+    def _status(self) -> int | None:
+        """The job's status once it has ended: every rank exited (the first failure's status,
+        else 0), or one failed (its status; the others still run). None while it runs."""
+        codes = [p.poll() for p in self.procs]
+        failed = [c for c in codes if c is not None and c != 0]
+        if failed:
+            return failed[0]
+        if all(c is not None for c in codes):
+            return 0
+        return None
+
+    def _wait(self, timeout: float, pidfds: list[int]) -> int | None:
+        """Wait up to ``timeout`` s for the job to end or a signal; the status or None."""
         assert self.proc is not None
-        fds = [self._wake_r] + ([pidfd] if pidfd is not None else [])
-        if pidfd is None:
+        fds = [self._wake_r] + [
+            fd for fd, p in zip(pidfds, self.procs, strict=False) if p.returncode is None
+        ]
+        if len(pidfds) < len(self.procs):
             timeout = min(timeout, 0.05)
         try:
             ready, _, _ = select.select(fds, [], [], max(0.0, timeout))
@@ -354,19 +384,32 @@ class Runner:
         if self._wake_r in ready:
             with contextlib.suppress(OSError):
                 os.read(self._wake_r, 512)
-        return self.proc.poll()
+        return self._status()
 
-    def _stop(self, grace_s: float, pidfd: int | None) -> int:
-        """SIGTERM (and SIGCONT, so a stopped job sees it) to the job's group, SIGKILL after
+    def _stop(self, grace_s: float, pidfds: list[int]) -> int:
+        """SIGTERM (and SIGCONT, so a stopped job sees it) to the job's groups, SIGKILL after
         ``grace_s``; returns the job's status."""
         self._signal_group(signal.SIGTERM)
         self._signal_group(signal.SIGCONT)
         deadline = time.monotonic() + grace_s
-        while (code := self._wait(deadline - time.monotonic(), pidfd)) is None:
+        while (code := self._wait(deadline - time.monotonic(), pidfds)) is None or any(
+            p.poll() is None for p in self.procs
+        ):
             if time.monotonic() >= deadline:
                 self._signal_group(signal.SIGKILL)
-                assert self.proc is not None
-                return self.proc.wait()
+                for proc in self.procs:
+                    proc.wait()
+                status = self._status()
+                return status if status is not None else -signal.SIGKILL
+        return code
+
+    def _end_ranks(self, pidfds: list[int]) -> int:
+        """A rank failed: stop the ones still running (a data-parallel job cannot go on
+        without it); the job's status stays the failure's."""
+        code = self._status()
+        assert code is not None
+        if any(p.poll() is None for p in self.procs):
+            self._stop(float(self.spec.get("time_limit_grace_s", DEFAULT_GRACE_S)), pidfds)
         return code
 
     def run(self) -> int:
@@ -383,9 +426,10 @@ class Runner:
         if not self._start():
             return 0
         assert self.proc is not None
-        pidfd = None
+        pidfd: list[int] = []
         with contextlib.suppress(AttributeError, OSError):
-            pidfd = os.pidfd_open(self.proc.pid)
+            for proc in self.procs:
+                pidfd.append(os.pidfd_open(proc.pid))
         outcome, detail = "exited", ""
         limit = self.spec.get("time_limit_s")
         limit = float(limit) if limit else None
@@ -393,6 +437,10 @@ class Runner:
         while True:
             code = self._wait(CHECK_EVERY_S, pidfd)
             if code is not None:
+                if code != 0 and len(self.procs) > 1:
+                    failed = next(i for i, p in enumerate(self.procs) if p.poll() == code)
+                    code = self._end_ranks(pidfd)
+                    detail = f"rank {failed} of {len(self.procs)} on this node"
                 break
             now = time.monotonic()
             if not self._job_stopped():
@@ -420,7 +468,7 @@ class Runner:
         self._signal_group(signal.SIGKILL)
         self.isolation.cleanup()
         if outcome == "exited":
-            detail = describe_status(code)
+            detail = f"{describe_status(code)} ({detail})" if detail else describe_status(code)
         else:
             detail = f"{detail} ({describe_status(code)})"
         self._finish(outcome, code, detail)

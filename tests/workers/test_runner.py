@@ -273,3 +273,47 @@ def test_is_alive_tells_a_reused_pid_from_the_process():
     assert r.is_alive(me, ticks)
     assert not r.is_alive(me, ticks + 1)
     assert not r.is_alive(None, ticks)
+
+
+# -- one process per rank (elastic jobs: one per GPU) ---------------------------------------------
+
+
+def test_ranks_each_get_their_own_environment_and_all_must_finish(attempts, tmp_path):
+    out = tmp_path / "ranks"
+    out.mkdir()
+    a = attempts(
+        f'sleep 0.$RANK; echo "$RANK $CUDA_VISIBLE_DEVICES $MARK" > {out}/$RANK',
+        ranks=[{"RANK": str(i), "CUDA_VISIBLE_DEVICES": str(4 + i)} for i in range(3)],
+    )
+    result = a.result()
+    assert (result["outcome"], result["exit_code"]) == ("exited", 0)
+    assert sorted(p.read_text() for p in out.iterdir()) == [
+        "0 4 runner-test\n",
+        "1 5 runner-test\n",
+        "2 6 runner-test\n",
+    ]
+    job = r.read_json(a.dir / r.JOB)
+    assert len(job["pgids"]) == 3 and job["pgids"][0] == job["pid"]
+
+
+def test_one_failing_rank_stops_the_others_and_is_the_jobs_status(attempts):
+    a = attempts(
+        'if [ "$RANK" = 1 ]; then sleep 0.3; exit 7; fi; exec sleep 60',
+        ranks=[{"RANK": str(i)} for i in range(3)],
+        time_limit_grace_s=2,
+    )
+    job = _wait(lambda: r.read_json(a.dir / r.JOB), what="job.json")
+    result = a.result(timeout=20)
+    assert (result["outcome"], result["exit_code"]) == ("exited", 7)
+    assert "rank 1 of 3" in result["detail"]
+    assert not any(r.group_alive(pgid) for pgid in job["pgids"])
+
+
+def test_a_stop_request_reaches_every_rank(attempts):
+    a = attempts("exec sleep 60", ranks=[{"RANK": str(i)} for i in range(2)])
+    job = _wait(lambda: r.read_json(a.dir / r.JOB), what="job.json")
+    r.write_json(a.dir / r.STOP, {"outcome": "killed", "detail": "regrouped", "grace_s": 5})
+    os.kill(a.proc.pid, signal.SIGTERM)
+    result = a.result()
+    assert result["outcome"] == "killed" and result["detail"].startswith("regrouped")
+    assert not any(r.group_alive(pgid) for pgid in job["pgids"])
