@@ -316,15 +316,19 @@ def start(job: ElasticJob, workers: int, remaining_steps: float = 0.0) -> Elasti
 
 def observe(state: ElasticState, window: Window, cfg: ElasticConfig) -> ElasticState:
     """Fold one statistics window into the state: the current count's mean throughput (the
-    first window after a change is skipped) and each rank's straggler average."""
+    first window after a change is skipped, and so is a window in which a rank ran below
+    ``straggler_threshold`` of the median: it measures that rank, not how the job scales with
+    this count) and each rank's straggler average."""
     if window.workers != state.workers:
         raise ValueError(f"window at {window.workers} workers, state at {state.workers}")
     ewma = list(state.straggler_ewma) or [1.0] * state.workers
     if len(ewma) != state.workers:
         ewma = (ewma + [1.0] * state.workers)[: state.workers]
+    slowed = False
     if len(window.rank_rates) == state.workers and state.workers >= 2:
         mid = median(window.rank_rates)
         if mid > 0:
+            slowed = min(window.rank_rates) / mid < cfg.straggler_threshold
             a = cfg.straggler_ewma_alpha
             ewma = [
                 a * (r / mid) + (1 - a) * e for r, e in zip(window.rank_rates, ewma, strict=True)
@@ -333,7 +337,7 @@ def observe(state: ElasticState, window: Window, cfg: ElasticConfig) -> ElasticS
     skipped = state.windows_skipped
     if skipped < 1:
         skipped += 1
-    elif window.seconds > 0:
+    elif window.seconds > 0 and not slowed:
         old = next((m for m in measured if m.workers == state.workers), None)
         if old is None:
             new = Measured(state.workers, window.throughput, 1)

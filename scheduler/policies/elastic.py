@@ -7,7 +7,8 @@ worker count they ask (``gpus``). For every running job that declares a worker r
 engine in ``scheduler.elastic`` decides, with a reason quoting the measured scaling efficiency S:
 
 - ``REPLACE_WORKERS`` (value: the ranks) for persistent stragglers: throughput / median < 0.8
-  on an EWMA, replaced by a warmed-up spare;
+  on an EWMA, replaced by a warmed-up spare (only proposed when an idle GPU of the job's model
+  is left after this cycle's placements);
 - ``SET_WORKERS`` (value: ``{"workers_from", "workers", "efficiency", "local_batch"}``) to
   probe K more or fewer workers, scale up while S > threshold (and, with a utility, marginal
   utility > marginal cost), or fall back to the best point seen. A step up is only proposed
@@ -98,6 +99,10 @@ class ElasticPolicy(FifoPolicy):
         cfg = self._config(self.step_for(running, state))
         decision = engine.decide(running.elastic, job, cfg)
         if decision.kind == engine.DecisionKind.REPLACE:
+            spares = self._idle_of_model(running, state, taken)
+            if len(spares) < len(decision.ranks):
+                return None  # no warmed spare can be had now; the straggler stays
+            taken.update(spares[: len(decision.ranks)])
             return Action(
                 ActionKind.REPLACE_WORKERS,
                 running.job.id,

@@ -183,10 +183,25 @@ def test_policy_does_not_grow_without_idle_gpus_and_places_pending_like_fifo():
 def test_policy_replaces_a_straggling_rank():
     spec = JobSpec("e1", gpus=4, elastic_min=4, elastic_max=4)
     state_e = run_windows(en.start(en.elastic_job_of(spec), 4, 1e5), 10.0, 4, (1, 1, 1, 0.4))
-    node = gpu_node("n1", "V100", 4, gpus={i: _busy("n1", i, "e1") for i in range(4)})
+    node = gpu_node("n1", "V100", 5, gpus={i: _busy("n1", i, "e1") for i in range(4)})
     state = ClusterState(0.0, (node,), (), (_running(spec, "n1", (0, 1, 2, 3), state_e),))
     (action,) = build_policy("elastic").schedule(state, random.Random(1)).actions
     assert action.kind == ActionKind.REPLACE_WORKERS and action.value == (3,)
+    # without an idle GPU of the model for a spare, the straggler stays (no action)
+    full = gpu_node("n1", "V100", 4, gpus={i: _busy("n1", i, "e1") for i in range(4)})
+    state = ClusterState(0.0, (full,), (), (_running(spec, "n1", (0, 1, 2, 3), state_e),))
+    assert build_policy("elastic").schedule(state, random.Random(1)).actions == ()
+
+
+def test_a_window_held_down_by_a_straggler_is_not_a_measurement_of_the_count():
+    cfg = en.ElasticConfig()
+    state = run_windows(en.start(en.ElasticJob(1, 8), 3, 1e5), 30.0, 3, (1.0, 1.0, 1.0))
+    assert state.throughput_at(3) == pytest.approx(30.0)
+    slow = en.observe(state, en.Window(3, 10, 10 / 12.0, (1.0, 1.0, 0.4), 1e5, 0.0), cfg)
+    assert slow.throughput_at(3) == pytest.approx(30.0)  # not folded in
+    assert slow.straggler_ewma[2] < 1.0  # but the rank's average saw it
+    mild = en.observe(state, en.Window(3, 10, 10 / 27.0, (1.0, 1.0, 0.9), 1e5, 0.0), cfg)
+    assert mild.throughput_at(3) < 30.0  # above the threshold: a measurement
 
 
 def test_policy_ignores_jobs_that_are_not_elastic_or_not_measured():
