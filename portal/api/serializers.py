@@ -177,7 +177,8 @@ class AttemptSerializer(serializers.Serializer):
     started_at = serializers.DateTimeField(allow_null=True)
     ended_at = serializers.DateTimeField(source="released_at", allow_null=True)
     outcome = serializers.CharField(
-        help_text="completed, failed, cancelled, requeued or preempted; empty while it is current"
+        help_text="completed, failed, cancelled, requeued, preempted or regrouped (an elastic "
+        "job's group changed); empty while it is current"
     )
     end_reason = serializers.CharField(
         help_text="why it ended; for a preempted attempt, the policy's explanation or who asked"
@@ -423,6 +424,9 @@ class ElasticChangeSerializer(serializers.ModelSerializer):
             "reason",
             "policy",
             "applied",
+            "attempt",
+            "gpus",
+            "refused",
         ]
         read_only_fields = fields
 

@@ -348,11 +348,30 @@ def _record_running(node: Node, part: PlacementPart, report: RunningAttempt, now
     if updates:
         PlacementPart.objects.filter(pk=part.pk).update(**updates)
     placement = part.placement
-    if not first or not placement.active or placement.job.state != JobState.SCHEDULED:
+    if (
+        not first
+        or not placement.active
+        or placement.job.state
+        not in (
+            JobState.SCHEDULED,
+            JobState.RUNNING,
+        )
+    ):
         return
     parts = list(placement.parts.select_related("node").order_by("node_rank"))
     if any(p.started_at is None and p.pk != part.pk for p in parts):
         return  # a gang: RUNNING once every rank has started
+    if placement.job.state == JobState.RUNNING:
+        # an elastic job's new group (regrouped while RUNNING): it stays RUNNING
+        if placement.started_at is None:
+            Placement.objects.filter(pk=placement.pk).update(started_at=now)
+            nodes = ", ".join(p.node.name for p in parts)
+            job_note(
+                placement.job,
+                actor=f"node:{node.name}",
+                message=f"the new group of attempt {placement.attempt} started on {nodes}",
+            )
+        return
     Placement.objects.filter(pk=placement.pk).update(started_at=now)
     if len(parts) == 1:
         pid = f" (pid {report.pid})" if report.pid else ""
@@ -480,6 +499,8 @@ def _spec(
         "mode": placement.sharing_mode,
         "mps_percentage": placement.mps_percentage,
         "mig_profile": placement.mig_profile or None,
+        # an elastic job's workers are its GPUs: one process (rank) per GPU (docs/elastic.md)
+        "process_per_gpu": job.elastic_min_workers is not None and bool(part.gpu_indices),
     }
     if not launch:
         # It runs: the agent has its spec on disk and needs only the pause flag.

@@ -1,19 +1,30 @@
 """Elastic training on the live system (issue 17): the engine's memory on the job row, the
-policy's proposals as ``ElasticChange`` rows, and the job page's view of them.
+policy's proposals as ``ElasticChange`` rows, the job's statistics windows, and the **regroup**
+that applies a change: the job's ranks are stopped and started again as a new group.
 
 The decisions are the pure engine's (``scheduler.elastic``, used by the ``elastic`` policy);
-this module only stores and reads them. A proposal is written with ``applied=False`` and marks
-the job's engine state *in transition*, so the policy proposes nothing else until the job has
-taken the change (``elastic_change_applied``) at a safe point.
+this module stores them and carries them out. A proposal is written with ``applied=False`` and
+marks the job's engine state *in transition*, so the policy proposes nothing else until it has
+been carried out or refused. It is carried out at the job's next safe point: a window reported
+with ``checkpointed`` (the job has saved its state). Then, in one transaction, the job's
+attempt ends (outcome *regrouped*) and its next attempt is written with the new GPU set: more
+GPUs, fewer, or a spare in place of a straggler's. The node agents stop the old ranks (they are
+no longer desired) and, once every one of them is known to have ended, start the new group, one
+process per GPU, with ``WORLD_SIZE`` / ``RANK`` / ``MASTER_ADDR`` of the new group
+(``workers.agent.gang_env``, ``rank_envs``); the job resumes from its checkpoint
+(``COSCHED_CHECKPOINT_DIR``). This is how an elastic launcher such as torchrun's restarts its
+workers when the group changes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
-from portal.core.models import ElasticChange, Job, JobEvent
+from portal.core.models import ElasticChange, Gpu, Job, JobEvent, Placement, PlacementPart
 from portal.core.states import JobState
 from scheduler import elastic as engine
 from scheduler.domain import Action, ActionKind
@@ -75,24 +86,69 @@ class ElasticReportError(ValueError):
         self.errors = errors
 
 
+#: The fields of a window (``POST /api/v1/training/elastic/``); the first three are required.
+WINDOW_FIELDS = (
+    "workers",
+    "batches",
+    "seconds",
+    "rank_rates",
+    "remaining_steps",
+    "elapsed_s",
+    "checkpointed",
+)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
+
+
+def elastic_window_parse(data: Any) -> dict[str, Any]:
+    """The keyword arguments of ``elastic_window_report`` from a window's JSON body; raises
+    ``ElasticReportError`` naming every bad, missing or unknown field."""
+    if not isinstance(data, dict):
+        raise ElasticReportError({"body": ["expected a JSON object"]})
+    errors: dict[str, list[str]] = {
+        name: ["unknown field"] for name in set(data) - set(WINDOW_FIELDS)
+    }
+    for name in WINDOW_FIELDS[:3]:
+        if name not in data:
+            errors[name] = ["required"]
+    values = {name: data[name] for name in WINDOW_FIELDS if name in data}
+    values.setdefault("rank_rates", [])
+    values.setdefault("remaining_steps", 0.0)
+    values.setdefault("elapsed_s", 0.0)
+    values.setdefault("checkpointed", False)
+    if not any(name in errors for name in WINDOW_FIELDS[:3]):
+        errors.update(_window_errors(**values))
+    if errors:
+        raise ElasticReportError(errors)
+    return values
+
+
 def _window_errors(
-    workers: Any, batches: Any, seconds: Any, rank_rates: Any, remaining_steps: Any
+    workers: Any,
+    batches: Any,
+    seconds: Any,
+    rank_rates: Any,
+    remaining_steps: Any,
+    elapsed_s: Any = 0.0,
+    checkpointed: Any = False,
 ) -> dict[str, list[str]]:
     errors: dict[str, list[str]] = {}
-
-    def number(value: Any) -> bool:
-        return isinstance(value, int | float) and not isinstance(value, bool) and value == value
-
     if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 4096:
         errors["workers"] = ["must be a whole number between 1 and 4,096"]
     if not isinstance(batches, int) or isinstance(batches, bool) or not 1 <= batches <= 10**9:
         errors["batches"] = ["must be a whole number between 1 and 10^9"]
-    if not number(seconds) or not 0 < seconds < 10**7:
+    if not _number(seconds) or not 0 < seconds < 10**7:
         errors["seconds"] = ["must be a positive number of seconds"]
-    if not number(remaining_steps) or not 0 <= remaining_steps < 10**15:
+    if not _number(remaining_steps) or not 0 <= remaining_steps < 10**15:
         errors["remaining_steps"] = ["must be a non-negative number"]
+    if not _number(elapsed_s) or not 0 <= elapsed_s < 10**9:
+        errors["elapsed_s"] = ["must be a non-negative number of seconds"]
+    if not isinstance(checkpointed, bool):
+        errors["checkpointed"] = ["must be true or false"]
     if not isinstance(rank_rates, list | tuple) or not all(
-        number(r) and 0 <= r < 10**12 for r in rank_rates
+        _number(r) and 0 <= r < 10**12 for r in rank_rates
     ):
         errors["rank_rates"] = ["must be a list of non-negative numbers, one per rank"]
     elif "workers" not in errors and rank_rates and len(rank_rates) != workers:
@@ -109,72 +165,78 @@ def elastic_window_report(
     rank_rates: list[float] | tuple[float, ...] = (),
     remaining_steps: float = 0.0,
     elapsed_s: float = 0.0,
-    replaced_ranks: list[int] | tuple[int, ...] = (),
+    checkpointed: bool = False,
 ) -> dict[str, Any]:
     """Fold one statistics window (every 10 mini-batches) of a running elastic job into its
-    engine state, and tell the job what to run with (ALGORITHMS.md §6, issue 17).
+    engine state, and carry out a proposed change at this safe point (ALGORITHMS.md §6).
 
-    ``workers``: the count the window ran at. A proposed scale change is *applied* when the
-    job reports a window at its new count; a proposed replacement when the job reports the
-    ranks it swapped (``replaced_ranks``). Returns ``{"workers": target count, "replace_ranks":
-    [ranks to swap], "local_batch": ..., "explanation": ...}``: the job changes at its next safe
-    point. Raises ``ElasticReportError`` (per field) for a bad window, or a job that is not
-    elastic or not running.
+    ``workers``: the count the window ran at (the ranks of the job's current attempt).
+    ``checkpointed``: the job saved its state after this window, so it may be regrouped now;
+    a proposed change is then applied (the next attempt is written: module docstring) or
+    refused (no idle GPU left for it). Returns ``{"workers": the count to run with,
+    "replace_ranks": ranks to be replaced, "local_batch": ..., "explanation": the change's
+    reason, "regroup": True when this attempt is over (wait to be stopped, resume in the next
+    one), "attempt": the next attempt's number or None}``. Raises ``ElasticReportError`` (per
+    field) for a bad window, a job that is not elastic or not running, or a count that is not
+    the attempt's.
     """
-    errors = _window_errors(workers, batches, seconds, list(rank_rates), remaining_steps)
+    errors = _window_errors(
+        workers, batches, seconds, list(rank_rates), remaining_steps, elapsed_s, checkpointed
+    )
     spec = engine.elastic_job_of(_spec_of(job))
     if spec is None:
         errors.setdefault("job", []).append("is not elastic (no elastic_min/max_workers)")
     if errors or spec is None:
         raise ElasticReportError(errors)
+    regroup: Placement | None = None
     with transaction.atomic():
         job = Job.objects.select_for_update().get(pk=job.pk)
         if job.state != JobState.RUNNING:
             raise ElasticReportError({"job": [f"is {job.state}, not RUNNING"]})
-        state = engine.state_from_dict(job.elastic_state) or engine.start(
-            spec, workers, remaining_steps
+        placement = Placement.objects.filter(job=job, active=True).first()
+        held = placement.gpus.count() if placement is not None else 0
+        if held and workers != held:
+            raise ElasticReportError(
+                {"workers": [f"attempt {placement.attempt} runs {held} workers, not {workers}"]}
+            )
+        state = engine.state_from_dict(job.elastic_state)
+        if state is None:
+            state = engine.start(spec, workers, remaining_steps)
+        elif state.workers != workers:
+            # placed again by the scheduler (requeued) at another count: measure it afresh
+            state = engine.changed(state, workers, f"placed again at {workers} workers")
+        pending = job.elastic_changes.filter(applied=False, refused="").order_by("-id").first()
+        if pending is not None and placement is not None and pending.at < placement.created_at:
+            _refuse(job, pending, "the job was placed again before it could be applied")
+            state, pending = dataclasses.replace(state, in_transition=False), None
+        window = engine.Window(
+            workers,
+            batches,
+            float(seconds),
+            tuple(float(r) for r in rank_rates),
+            float(remaining_steps),
+            float(elapsed_s),
         )
-        pending = job.elastic_changes.filter(applied=False).order_by("-id").first()
-        if pending is not None:
-            done = (pending.kind == ElasticChange.Kind.SCALE and workers == pending.workers_to) or (
-                pending.kind == ElasticChange.Kind.REPLACE
-                and set(pending.ranks or []) <= {int(r) for r in replaced_ranks}
-            )
-            if done:
-                pending.applied = True
-                pending.save(update_fields=["applied"])
-                if pending.kind == ElasticChange.Kind.SCALE:
-                    state = engine.changed(state, workers)
-                    note = _resize_placement(job, workers)
-                    if note:
-                        JobEvent.objects.create(
-                            job=job,
-                            from_state=job.state,
-                            to_state=job.state,
-                            actor="elastic",
-                            message=f"now {workers} workers: {note}",
-                        )
-                else:
-                    state = engine.replaced(state, pending.ranks or [])
-                pending = None
-        if workers == state.workers:
-            window = engine.Window(
-                workers,
-                batches,
-                float(seconds),
-                tuple(float(r) for r in rank_rates),
-                float(remaining_steps),
-                float(elapsed_s),
-            )
-            config = _active_config()
-            state = engine.observe(state, window, config)
-            if pending is None and engine.decide(state, spec, config).kind != "hold":
-                # a decision is due: run a cycle now rather than at the next periodic one
-                from portal.core.outbox import emit_schedule
+        config = _active_config()
+        state = engine.observe(state, window, config)
+        if pending is not None and checkpointed and placement is not None:
+            regroup, refusal = _regroup(job, placement, pending)
+            if regroup is None:
+                _refuse(job, pending, refusal)
+                state = dataclasses.replace(state, in_transition=False)
+            elif pending.kind == ElasticChange.Kind.SCALE:
+                state = _fresh_ranks(engine.changed(state, pending.workers_to))
+            else:
+                state = _fresh_ranks(engine.replaced(state, pending.ranks or []))
+        elif pending is None and engine.decide(state, spec, config).kind != "hold":
+            # a decision is due: run a cycle now rather than at the next periodic one
+            from portal.core.outbox import emit_schedule
 
-                emit_schedule(f"job {job.pk}: elastic decision due")
+            emit_schedule(f"job {job.pk}: elastic decision due")
         job.elastic_state = engine.state_to_dict(state)
         job.save(update_fields=["elastic_state"])
+    if pending is not None and pending.refused:
+        pending = None
     if pending is not None and pending.kind == ElasticChange.Kind.SCALE:
         target, ranks = pending.workers_to, []
     elif pending is not None:
@@ -187,51 +249,133 @@ def elastic_window_report(
         "local_batch": engine.local_batch_size(target, spec.local_batch, spec.max_global_batch)
         or None,
         "explanation": "" if pending is None else pending.reason,
+        "regroup": regroup is not None,
+        "attempt": None if regroup is None else regroup.attempt,
     }
 
 
-def _resize_placement(job: Job, workers: int) -> str:
-    """Make the job's active placement hold ``workers`` GPUs, so the scheduler sees the GPUs
-    the job now uses as busy: idle GPUs of the same model on the job's nodes are added (its
-    first node first), the last ones released when it shrinks. Returns what was done."""
-    from portal.core.models import Gpu, Placement
+def _fresh_ranks(state: engine.ElasticState) -> engine.ElasticState:
+    """A new group numbers its ranks afresh: every straggler average starts again at 1."""
+    return dataclasses.replace(state, straggler_ewma=(1.0,) * state.workers)
 
-    placement = (
-        Placement.objects.select_for_update().filter(job=job, active=True).order_by("-id").first()
+
+def _refuse(job: Job, change: ElasticChange, why: str) -> None:
+    change.refused = why[:500]
+    change.save(update_fields=["refused"])
+    JobEvent.objects.create(
+        job=job,
+        from_state=job.state,
+        to_state=job.state,
+        actor="elastic",
+        message=f"{change.summary()} not applied: {why}",
     )
-    if placement is None:
-        return ""
-    held = list(placement.gpus.select_related("node").order_by("node__name", "index"))
-    if not held or workers == len(held):
-        return ""
-    first = next((g for g in held if g.node_id == placement.node_id), held[0])
-    if workers > len(held):
-        parts = list(placement.parts.all())
-        node_ids = [placement.node_id] + [
-            p.node_id for p in parts if p.node_id != placement.node_id
-        ]
-        busy = Gpu.objects.filter(placements__active=True).values_list("pk", flat=True)
-        idle = list(
-            Gpu.objects.select_for_update()
-            .filter(node_id__in=node_ids, model=first.model)
-            .exclude(pk__in=list(busy))
+
+
+def _regroup(job: Job, placement: Placement, change: ElasticChange) -> tuple[Placement | None, str]:
+    """Carry out ``change`` (module docstring): end ``placement`` (outcome *regrouped*) and
+    write the job's next attempt with the new GPU set. Returns (the new attempt, "") or (None,
+    why it cannot be done now)."""
+    placement = Placement.objects.select_for_update().get(pk=placement.pk)
+    parts = list(placement.parts.select_related("node").order_by("node_rank"))
+    by_key = {
+        (g.node_id, g.index): g
+        for g in Gpu.objects.filter(placements=placement).select_related("node")
+    }
+    held = [
+        by_key[(p.node_id, i)] for p in parts for i in p.gpu_indices if (p.node_id, i) in by_key
+    ]
+    if not held:
+        return None, "the attempt holds no GPU"
+    model = held[0].model
+    own = [p.node_id for p in parts]
+    busy = Gpu.objects.filter(placements__active=True).values_list("pk", flat=True)
+    idle = list(
+        Gpu.objects.select_for_update(of=("self",))
+        .filter(model=model, node__status="up")
+        .exclude(pk__in=list(busy))
+        .select_related("node")
+    )
+    idle.sort(
+        key=lambda g: (
+            g.node_id not in own,
+            own.index(g.node_id) if g.node_id in own else 0,
+            g.node.name,
+            g.index,
         )
-        idle.sort(key=lambda g: (node_ids.index(g.node_id), g.index))
-        added = idle[: workers - len(held)]
-        placement.gpus.add(*added)
-        text = "reserved " + ", ".join(f"{g.node.name}/{g.index}" for g in added)
-        if len(added) < workers - len(held):
-            text += f" (only {len(added)} idle GPUs of {workers - len(held)} needed)"
+    )
+    if change.kind == ElasticChange.Kind.SCALE:
+        target = change.workers_to
+        if target > len(held):
+            need = target - len(held)
+            if len(idle) < need:
+                return None, f"only {len(idle)} idle {model} GPU(s), {need} needed"
+            new = held + idle[:need]
+        else:
+            new = held[:target]  # the last ranks leave; rank 0 stays
     else:
-        others = [g for g in held if g.pk != first.pk]  # rank 0's GPU stays
-        released = others[len(others) - (len(held) - workers) :]
-        placement.gpus.remove(*released)
-        text = "released " + ", ".join(f"{g.node.name}/{g.index}" for g in released)
-    now_held = list(placement.gpus.order_by("index"))
-    for part in placement.parts.all():
-        part.gpu_indices = [g.index for g in now_held if g.node_id == part.node_id]
-        part.save(update_fields=["gpu_indices"])
-    return text
+        new = list(held)
+        for rank in change.ranks or []:
+            if not 0 <= rank < len(new):
+                return None, f"rank {rank} is not in the group of {len(new)}"
+            spares = [g for g in idle if g not in new]
+            if not spares:
+                return None, f"no idle {model} GPU to replace rank {rank} with"
+            near = [g for g in spares if g.node_id == new[rank].node_id]
+            new[rank] = (near or spares)[0]
+    nodes: list[Any] = []
+    for gpu in new:
+        if gpu.node not in nodes:
+            nodes.append(gpu.node)
+    now = timezone.now()
+    attempt = (
+        Placement.objects.filter(job=job).order_by("-attempt").first() or placement
+    ).attempt + 1
+    where = ", ".join(f"{g.node.name}/{g.index}" for g in new)
+    Placement.objects.filter(pk=placement.pk).update(
+        active=False,
+        released_at=now,
+        outcome=Placement.Outcome.REGROUPED,
+        end_reason=f"regrouped into attempt {attempt} ({change.summary()}): {change.reason}"[:4000],
+    )
+    parts_by_node = {p.node_id: p for p in parts}
+    successor = Placement.objects.create(
+        job=job,
+        attempt=attempt,
+        node=nodes[0],
+        sharing_mode=placement.sharing_mode,
+        gpu_memory_mb=placement.gpu_memory_mb,
+        cpus=placement.cpus,
+        policy=change.policy or "elastic",
+        explanation=f"{change.summary()}: {change.reason}",
+    )
+    PlacementPart.objects.bulk_create(
+        PlacementPart(
+            placement=successor,
+            node=node,
+            node_rank=rank,
+            gpu_indices=sorted(g.index for g in new if g.node_id == node.pk),
+            cpus=parts_by_node[node.pk].cpus if node.pk in parts_by_node else parts[0].cpus,
+        )
+        for rank, node in enumerate(nodes)
+    )
+    successor.gpus.set(new)
+    Gpu.objects.filter(pk__in=[g.pk for g in new]).update(current_mode=placement.sharing_mode)
+    change.applied = True
+    change.attempt = attempt
+    change.gpus = where[:2000]
+    change.save(update_fields=["applied", "attempt", "gpus"])
+    JobEvent.objects.create(
+        job=job,
+        from_state=job.state,
+        to_state=job.state,
+        actor="elastic",
+        message=f"regrouped: attempt {attempt} runs {len(new)} ranks on {where} "
+        f"({change.summary()}); attempt {placement.attempt}'s ranks are stopped first",
+    )
+    from portal.core.outbox import emit_nudges
+
+    emit_nudges({p.node.name for p in parts} | {n.name for n in nodes}, f"job {job.pk} regrouped")
+    return successor, ""
 
 
 def _active_config() -> engine.ElasticConfig:

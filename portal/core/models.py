@@ -367,7 +367,9 @@ class JobEvent(models.Model):
 
 class ElasticChange(models.Model):
     """One worker-count change or straggler replacement of an elastic job, with its reason and
-    the scaling efficiency S it was based on (issue 17). ``applied``: the job took it."""
+    the scaling efficiency S it was based on (issue 17). ``applied``: the job's ranks were
+    regrouped into ``attempt`` (the new group); ``refused``: why it could not be (no idle GPU
+    left, the job stopped); neither: proposed, waiting for the job's next safe point."""
 
     class Kind(models.TextChoices):
         SCALE = "scale", "Scale"
@@ -384,6 +386,11 @@ class ElasticChange(models.Model):
     reason = models.TextField()
     policy = models.CharField(max_length=100, blank=True)
     applied = models.BooleanField(default=False)
+    attempt = models.PositiveIntegerField(
+        null=True, blank=True, help_text="the attempt that runs the new group"
+    )
+    gpus = models.CharField(max_length=2000, blank=True, help_text="the new group's GPUs")
+    refused = models.CharField(max_length=500, blank=True)
 
     class Meta:
         ordering = ["at", "id"]
@@ -412,6 +419,7 @@ class Placement(models.Model):
         CANCELLED = "cancelled", "Cancelled"
         REQUEUED = "requeued", "Requeued"
         PREEMPTED = "preempted", "Preempted"
+        REGROUPED = "regrouped", "Regrouped (elastic)"
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="placements")
     attempt = models.PositiveIntegerField(default=None, help_text="1, 2, ... per job")

@@ -6,7 +6,16 @@ from __future__ import annotations
 import pytest
 
 from portal.core.elastic import elastic_change_propose
-from portal.core.models import ElasticChange, Gpu, Job, JobEvent, Node, Placement, PolicySettings
+from portal.core.models import (
+    ElasticChange,
+    Gpu,
+    Job,
+    JobEvent,
+    Node,
+    Placement,
+    PlacementPart,
+    PolicySettings,
+)
 from portal.core.scheduling import build_snapshot, run_cycle
 from portal.core.services import job_transition
 from portal.core.states import JobState
@@ -144,6 +153,7 @@ def running_elastic_job(owner, gpus: int = 2, node_gpus: int = 4) -> Job:
     job_transition(job, JobState.SCHEDULED, actor="t")
     placement = Placement.objects.create(job=job, node=node, gpu_memory_mb=4000, policy="t")
     placement.gpus.set(list(node.gpus.filter(index__lt=gpus)))
+    PlacementPart.objects.create(placement=placement, node=node, gpu_indices=list(range(gpus)))
     job_transition(job, JobState.RUNNING, actor="t")
     return job
 
@@ -232,7 +242,7 @@ def test_no_proposal_for_a_job_that_is_not_running(alice):
 # -- the job's statistics, the cycle's proposals, the job following them -------------------------
 
 
-def report(job: Job, workers: int, rate: float, ranks=None, replaced=()) -> dict:
+def report(job: Job, workers: int, rate: float, ranks=None, checkpointed=False) -> dict:
     from portal.core.elastic import elastic_window_report
 
     rates = list(ranks) if ranks is not None else [1.0] * workers
@@ -243,8 +253,13 @@ def report(job: Job, workers: int, rate: float, ranks=None, replaced=()) -> dict
         seconds=10 / rate,
         rank_rates=rates,
         remaining_steps=1e5,
-        replaced_ranks=replaced,
+        checkpointed=checkpointed,
     )
+
+
+def active_gpus(job: Job) -> list[str]:
+    placement = job.placements.get(active=True)
+    return [f"{g.node.name}/{g.index}" for g in placement.gpus.order_by("node__name", "index")]
 
 
 def test_the_job_grows_while_s_holds_and_stops_when_it_does_not(alice):
@@ -260,36 +275,35 @@ def test_the_job_grows_while_s_holds_and_stops_when_it_does_not(alice):
     workers, seen = 1, [1]
     for _ in range(40):
         for _ in range(3):
-            reply = report(job, workers, curve[workers])
+            report(job, workers, curve[workers], checkpointed=True)
         run_cycle()
-        reply = report(job, workers, curve[workers])
-        if reply["workers"] != workers:
+        reply = report(job, workers, curve[workers], checkpointed=True)
+        if reply["regroup"]:  # the next attempt runs the new count
             workers = reply["workers"]
             seen.append(workers)
+            assert len(active_gpus(job)) == workers
         if len(seen) >= 4:
             break
     assert seen == [1, 2, 3, 2]
     changes = list(ElasticChange.objects.filter(job=job).order_by("id"))
     assert [(c.workers_from, c.workers_to) for c in changes] == [(1, 2), (2, 3), (3, 2)]
     assert "S=0.10 <= threshold 0.1" in changes[-1].reason and "condition 1" in changes[-1].reason
-    # the last change is applied once the job reports at 2 again; then it holds
-    report(job, 2, curve[2])
-    for _ in range(3):
-        report(job, 2, curve[2])
+    assert [c.attempt for c in changes] == [2, 3, 4] and all(c.applied for c in changes)
+    for _ in range(3):  # converged: it holds
+        report(job, 2, curve[2], checkpointed=True)
         run_cycle()
     assert ElasticChange.objects.filter(job=job).count() == 3
-    assert all(c.applied for c in ElasticChange.objects.filter(job=job))
-    # the placement follows: the scheduler sees the GPUs the job uses as busy
-    placement = job.placements.get(active=True)
-    assert sorted(g.index for g in placement.gpus.all()) == [0, 1]
-    assert JobEvent.objects.filter(job=job, message__contains="reserved g1/2").exists()
-    assert JobEvent.objects.filter(job=job, message__contains="released g1/2").exists()
+    # each change was an attempt; the last ranks leave, rank 0's GPU stays
+    outcomes = list(job.placements.order_by("attempt").values_list("outcome", "active"))
+    assert outcomes == [("regrouped", False)] * 3 + [("", True)]
+    assert active_gpus(job) == ["g1/0", "g1/1"]
+    assert JobEvent.objects.filter(job=job, message__contains="runs 3 ranks on g1/0, g1/1, g1/2")
     snap = build_snapshot()
     assert [g.idle for g in snap.state.node("g1").gpus] == [False, False, True, True]
 
 
-def test_a_slowed_rank_is_replaced(alice):
-    job = running_elastic_job(alice, gpus=2, node_gpus=2)
+def test_a_slowed_rank_is_replaced_by_an_idle_spare(alice):
+    job = running_elastic_job(alice, gpus=2, node_gpus=3)
     job.elastic_min_workers = job.elastic_max_workers = 2
     job.save()
     PolicySettings.objects.create(name="e", policy="elastic", params={}, active=True)
@@ -297,15 +311,48 @@ def test_a_slowed_rank_is_replaced(alice):
         report(job, 2, 10.0, ranks=[1.0, 0.3])
     run_cycle()
     reply = report(job, 2, 10.0, ranks=[1.0, 0.3])
-    assert reply["replace_ranks"] == [1] and reply["workers"] == 2
+    assert reply["replace_ranks"] == [1] and reply["workers"] == 2 and not reply["regroup"]
     change = ElasticChange.objects.get(job=job)
-    assert change.kind == "replace" and "rank 1" in change.reason
-    report(job, 2, 10.0, ranks=[1.0, 1.0], replaced=[1])
+    assert change.kind == "replace" and "rank 1" in change.reason and not change.applied
+    reply = report(job, 2, 10.0, ranks=[1.0, 0.3], checkpointed=True)
+    assert reply["regroup"] and reply["attempt"] == 2
     change.refresh_from_db()
-    assert change.applied
+    assert change.applied and change.gpus == "g1/0, g1/2"
+    assert active_gpus(job) == ["g1/0", "g1/2"]  # rank 1 left the slow GPU for the spare
     job.refresh_from_db()
-    ewma = job.elastic_state["straggler_ewma"]
-    assert ewma[1] == pytest.approx(1.0) and min(ewma) >= 0.8  # the spare starts afresh
+    assert job.elastic_state["straggler_ewma"] == [1.0, 1.0]  # a new group starts afresh
+    assert not job.elastic_state["in_transition"]
+
+
+def test_a_change_without_the_gpus_it_needs_is_refused_and_the_engine_goes_on(alice, bob):
+    job = running_elastic_job(alice, gpus=2, node_gpus=3)
+    job.elastic_state = measured_state(2, 10.0)
+    job.save()
+    action = Action(
+        ActionKind.SET_WORKERS,
+        str(job.pk),
+        "elastic",
+        "probe 4 workers",
+        value={"workers_from": 2, "workers": 4, "efficiency": None, "local_batch": None},
+    )
+    assert elastic_change_propose(job.pk, action, actor="scheduler") is not None
+    reply = report(job, 2, 10.0, checkpointed=True)
+    assert not reply["regroup"] and reply["workers"] == 2
+    change = ElasticChange.objects.get(job=job)
+    assert not change.applied and change.refused == "only 1 idle V100 GPU(s), 2 needed"
+    job.refresh_from_db()
+    assert not job.elastic_state["in_transition"]
+    assert job.placements.get(active=True).attempt == 1  # nothing was changed
+    assert JobEvent.objects.filter(job=job, message__contains="not applied: only 1 idle").exists()
+
+
+def test_a_window_at_another_count_than_the_attempts_is_refused(alice):
+    from portal.core.elastic import ElasticReportError
+
+    job = running_elastic_job(alice, gpus=2)
+    with pytest.raises(ElasticReportError) as info:
+        report(job, 3, 10.0)
+    assert info.value.errors == {"workers": ["attempt 1 runs 2 workers, not 3"]}
 
 
 def test_a_bad_window_names_its_fields(alice):
@@ -323,49 +370,6 @@ def test_a_bad_window_names_its_fields(alice):
     with pytest.raises(ElasticReportError) as info:
         elastic_window_report(plain, workers=1, batches=10, seconds=1.0)
     assert "job" in info.value.errors
-
-
-def test_the_emulated_job_follows_the_engine_through_the_real_cycle(alice):
-    """workers.emulate_elastic driven by the portal's answers (the SDK's HTTP hop left out):
-    it grows from 1 while S holds, stops, and its slowed rank is replaced."""
-    from portal.core.elastic import elastic_window_report
-    from workers.emulate_elastic import ElasticRun, run
-
-    job = running_elastic_job(alice, gpus=1, node_gpus=4)
-    PolicySettings.objects.create(
-        name="e",
-        policy="elastic",
-        params={"scale_step_workers": 1, "scale_interval_batches": 20},
-        active=True,
-    )
-
-    class PortalClient:
-        calls = 0
-
-        def report_window(self, workers, batches, seconds, rank_rates, remaining, replaced=()):
-            reply = elastic_window_report(
-                job,
-                workers=workers,
-                batches=batches,
-                seconds=seconds,
-                rank_rates=list(rank_rates),
-                remaining_steps=remaining,
-                replaced_ranks=list(replaced),
-            )
-            self.calls += 1
-            if self.calls % 3 == 0:
-                run_cycle()
-            return reply
-
-    curve = {1: 10.0, 2: 20.0, 3: 21.0, 4: 21.5}
-    lines: list[str] = []
-    state = ElasticRun(curve, 3000, 1, warmup_s=1.0, slow_rank=0, slow_after_s=30.0)
-    run(state, PortalClient(), sleep=lambda s: None, emit=lines.append)
-    assert state.changes[:3] == ["1->2", "2->3", "3->2"]
-    assert "replace 0" in state.changes
-    assert lines[-1].startswith("@cosched done")
-    kinds = list(ElasticChange.objects.filter(job=job).values_list("kind", "applied"))
-    assert ("replace", True) in kinds and all(applied for _, applied in kinds)
 
 
 def test_a_due_decision_asks_for_a_cycle_at_once(alice):

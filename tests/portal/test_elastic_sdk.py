@@ -41,17 +41,30 @@ def test_windows_reach_the_engine_and_the_answer_comes_back(live_server, job):
     assert reply is not None and reply["workers"] == 2 and reply["replace_ranks"] == []
     job.refresh_from_db()
     assert job.elastic_state["measured"][0][:2] == [2, pytest.approx(20.0)]
-    # a proposal is answered at the next window; the window at the new count applies it
+    # a proposal is answered at the next window; a checkpointed window is a safe point: the
+    # portal regroups the job into attempt 2 with 3 GPUs, and attempt 1's token is spent
     ElasticChange.objects.create(
         job=job, kind="scale", workers_from=2, workers_to=3, reason="probe 3 workers"
     )
     state = dict(job.elastic_state, in_transition=True)
     Job.objects.filter(pk=job.pk).update(elastic_state=state)
-    assert client.report_window(2, 10, 0.5, [1.0, 1.0], 990.0)["workers"] == 3
+    reply = client.report_window(2, 10, 0.5, [1.0, 1.0], 990.0)
+    assert reply["workers"] == 3 and reply["regroup"] is False
     assert client.workers == 3
-    client.report_window(3, 10, 0.4, [1.0, 1.0, 1.0], 980.0)
-    assert ElasticChange.objects.get(job=job).applied
-    assert Placement.objects.get(job=job).gpus.count() == 3
+    reply = client.report_window(2, 10, 0.5, [1.0, 1.0], 980.0, checkpointed=True)
+    assert reply["regroup"] is True and reply["attempt"] == 2
+    change = ElasticChange.objects.get(job=job)
+    assert change.applied and change.attempt == 2 and change.gpus == "n/0, n/1, n/2"
+    old, new = Placement.objects.filter(job=job).order_by("attempt")
+    assert (old.active, old.outcome, new.active) == (False, "regrouped", True)
+    assert new.gpus.count() == 3 and new.parts.get().gpu_indices == [0, 1, 2]
+    assert client.report_window(2, 10, 0.5, [1.0, 1.0], 970.0) is None
+    assert client.last_error.startswith("403")
+    env["COSCHED_JOB_TOKEN"] = job_token(job.pk, 2)
+    nxt = TrainingClient(environ=env)
+    assert nxt.report_window(3, 10, 0.4, [1.0] * 3, 960.0)["workers"] == 3
+    job.refresh_from_db()
+    assert job.elastic_state["workers"] == 3 and not job.elastic_state["in_transition"]
 
 
 def test_bad_windows_and_bad_tokens_are_refused(live_server, job):
@@ -74,7 +87,9 @@ def test_bad_windows_and_bad_tokens_are_refused(live_server, job):
 
     token = job_token(job.pk, 1)
     code, body = post({"workers": 0, "batches": 10, "seconds": -1, "speed": 3}, token)
-    assert code == 400 and {"speed"} <= set(body["errors"])
+    assert code == 400 and {"speed", "workers", "seconds"} <= set(body["errors"])
+    code, body = post({"workers": 2, "batches": 10, "seconds": 1.0, "checkpointed": 1}, token)
+    assert code == 400 and body["errors"] == {"checkpointed": ["must be true or false"]}
     code, body = post({"workers": 0, "batches": 10, "seconds": -1}, token)
     assert code == 400 and {"workers", "seconds"} <= set(body["errors"])
     code, body = post({"workers": 2, "batches": 10}, token)
