@@ -217,14 +217,17 @@ class TrainingClient:
         seconds: float,
         rank_rates: Sequence[float] = (),
         remaining_steps: float = 0.0,
-        replaced_ranks: Sequence[int] = (),
+        checkpointed: bool = False,
     ) -> dict[str, Any] | None:
         """Elastic jobs (docs/elastic.md): one statistics window of ``batches`` mini-batches
-        (10 in the paper) run at ``workers`` in ``seconds``, each rank's own throughput, the
-        steps left, and the ranks swapped for spares since the last window. Returns the
-        portal's answer (``workers``: the count to run with from the next safe point;
-        ``replace_ranks``: ranks to swap for warmed spares; ``local_batch``; ``explanation``),
-        None when disabled or unreachable. ``workers`` is kept in ``self.workers``."""
+        (10 in the paper) run at ``workers`` in ``seconds``, each rank's own throughput and
+        the steps left; ``checkpointed``: the job saved its state after this window, so the
+        portal may regroup it now. Returns the portal's answer (``workers``: the count the
+        engine wants; ``replace_ranks``: ranks to be replaced by spares; ``local_batch``;
+        ``explanation``; ``regroup``: True when the portal has just regrouped the job: this
+        attempt's ranks will be stopped and the next attempt resumes from the checkpoint with
+        the new ``WORLD_SIZE``, so stop training and wait), None when disabled or unreachable.
+        ``workers`` is kept in ``self.workers``."""
         if not self.enabled:
             return None
         body = {
@@ -234,7 +237,7 @@ class TrainingClient:
             "rank_rates": list(rank_rates),
             "remaining_steps": remaining_steps,
             "elapsed_s": self.clock() - self._t0,
-            "replaced_ranks": list(replaced_ranks),
+            "checkpointed": bool(checkpointed),
         }
         data = self._post_json(ELASTIC_PATH, body)
         if data is not None and data.get("workers"):
