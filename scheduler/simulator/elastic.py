@@ -477,17 +477,16 @@ class CurveTable:
         per_node = 0 if spread else workers
         own = self.batch.get(job_type)
         if own is None or local_batch is None:
-            curve = self.curves[(job_type, gpu_model)]
-            return curve.throughput(workers, per_node), None
+            return self.curves[(job_type, gpu_model)].throughput(workers, per_node), None
         rows = self.family.get(job_type, ())
         below = [r for r in rows if r[0] <= local_batch][::-1]
         above = [r for r in rows if r[0] > local_batch]
         for size, other in (*below, *above):
-            curve = self.curves.get((other, gpu_model))
-            if curve is None:
+            row = self.curves.get((other, gpu_model))
+            if row is None:
                 continue
             try:
-                return curve.throughput(workers, per_node) * size, size
+                return row.throughput(workers, per_node) * size, size
             except ValueError:
                 continue
         raise ValueError(f"{job_type} on {gpu_model}: nothing measured at {workers} GPUs")
@@ -615,6 +614,7 @@ class DataParallelJob:
         self.window: tuple[float, list[float]] | None = None
         self.pending: Transition | None = None
         self.timer = 0  # version of the window / fault event
+        self.serial = 0  # version of the transition event
 
     def _units(self, workers: int, spread: bool, local: int | None) -> float:
         return self.table.rate(self.job_type, self.gpu_model, workers, spread, local)[0]
