@@ -38,6 +38,7 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from statistics import median
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -615,6 +616,7 @@ class DataParallelJob:
         self.pending: Transition | None = None
         self.timer = 0  # version of the window / fault event
         self.serial = 0  # version of the transition event
+        self.suspect = False  # the last window had a rank below the straggler threshold
 
     def _units(self, workers: int, spread: bool, local: int | None) -> float:
         return self.table.rate(self.job_type, self.gpu_model, workers, spread, local)[0]
@@ -673,6 +675,8 @@ class DataParallelJob:
             t - start_s,
         )
         self.state = en.observe(self.state, window, cfg)
+        mid = median(observed) if len(observed) >= 2 else 0.0
+        self.suspect = mid > 0 and min(observed) / mid < cfg.straggler_threshold
 
     def steady(self, t: float) -> None:
         """No window is watched: persistent faults due by ``t`` apply, no blips."""

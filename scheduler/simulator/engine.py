@@ -933,8 +933,8 @@ class Simulator:
             self._dp_steady(job, dp)
             return False
         decision = en.decide(dp.state, dp.declared, cfg)
-        if decision.kind == en.DecisionKind.HOLD and not decision.converged:
-            self._dp_window(job, dp)  # still measuring
+        if decision.kind == en.DecisionKind.HOLD and (not decision.converged or dp.suspect):
+            self._dp_window(job, dp)  # still measuring, or watching a potential straggler
             return False
         self._dp_steady(job, dp)
         return decision.kind != en.DecisionKind.HOLD
