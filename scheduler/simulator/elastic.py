@@ -1,7 +1,6 @@
 """Simulator of one elastic data-parallel training job (ALGORITHMS.md §6, seed 002).
 
-The cluster simulator (``scheduler.simulator.engine``) runs jobs at a fixed GPU count; this
-module replays one synchronous data-parallel job mini-batch window by window and lets the
+This module replays one synchronous data-parallel job mini-batch window by window and lets the
 autoscaling engine of ``scheduler.elastic`` (the same functions the ``elastic`` policy calls)
 change its worker count and replace its stragglers. It is the harness of scenario
 ``elastic002`` (``python -m scheduler.reproduce elastic002``, docs/elastic.md).
@@ -26,6 +25,10 @@ Model (every assumption is a field of ``ElasticSimConfig``):
   ``slow_factor``) at exponential times of rate ``persistent_per_hour`` and stays slow until it
   is replaced; transient slow windows (speed ``transient_factor`` for one window) arrive at rate
   ``transient_per_hour`` per rank.
+- **In a cluster.** The second half of the module (``ElasticModel``, ``CurveTable``,
+  ``DataParallelJob``) is what the cluster simulator (``scheduler.simulator.engine``) uses to run
+  many elastic jobs at once under a policy, with the same curves, fault model and transition
+  costs, plus the throughput at other batch sizes of the same model (docs/elastic.md).
 - **Fast-forward.** When nothing can change (a static job, or an elastic one that converged,
   with every rank healthy), the simulator leaps to the next fault or the job's end in one
   window; the engine sees that leap as one window.
@@ -38,8 +41,8 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from statistics import median
 from pathlib import Path
+from statistics import median
 from typing import TYPE_CHECKING
 
 from scheduler import elastic as en
