@@ -11,10 +11,14 @@ import random
 import pytest
 
 from scheduler.domain import Action, ActionKind, ClusterState, JobKind, JobSpec, Plan, Profile
+from scheduler.policies.elastic import ElasticPolicy
 from scheduler.policies.fifo import FifoPolicy
 from scheduler.policies.registry import build_policy
 from scheduler.scenarios.elastic002_cluster import (
     Elastic002Cluster,
+    cluster_of,
+    draw_jobs,
+    job_specs,
     run_elastic002_cluster,
     summarize_elastic002_cluster,
 )
@@ -247,3 +251,40 @@ def test_the_cluster_scenario_compares_elastic_with_static_allocations():
     assert all(c == "6 of 6" for c in table["completed"])
     elastic = runs[(runs["mode"] == "elastic") & (runs["variant"] == "clean")].iloc[0]
     assert elastic.scale_changes > 0 and elastic.gpu_h > 0
+
+
+class Checked(ElasticPolicy):
+    """The elastic policy, checking every snapshot: one job per GPU, a running job listed on
+    exactly its placement's GPUs, the engine's count within them."""
+
+    def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
+        held: dict[str, int] = {}
+        for node in state.nodes:
+            for gpu in node.gpus:
+                assert len(gpu.job_ids) <= 1
+                for j in gpu.job_ids:
+                    held[j] = held.get(j, 0) + 1
+        for rj in state.running:
+            assert held.get(rj.job.id, 0) == rj.placement.gpu_count
+            if rj.elastic is not None:
+                assert rj.elastic.workers <= rj.placement.gpu_count
+        return super().schedule(state, rng)
+
+
+def test_many_elastic_jobs_with_stragglers_keep_the_books_straight():
+    sc = Elastic002Cluster(jobs=10)
+    faults = StragglerFaults(persistent_per_hour=2.0, transient_per_hour=8.0)
+    for seed, factor in ((0, None), (1, 4)):
+        jobs = job_specs(sc, draw_jobs(sc, seed, 12.0), 2, elastic=(1, 8), batch_factor=factor)
+        res = simulate(
+            cluster_of(2),
+            jobs,
+            Checked(scale_step_workers=1 + seed),
+            config=SimConfig(seed=seed, elastic_model=ElasticModel(faults=faults, seed=seed)),
+        )
+        assert all(r.end_reason == "completed" for r in res.jobs)
+        assert any(e.kind == "applied" for e in res.elastic_events)
+        # every GPU-second held is a busy GPU-second of the timeline, and the other way round
+        tl = res.timeline
+        busy = sum(a.busy_gpus * (b.t_s - a.t_s) for a, b in zip(tl, tl[1:], strict=False))
+        assert sum(res.gpu_seconds.values()) == pytest.approx(busy)
