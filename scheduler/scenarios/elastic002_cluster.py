@@ -19,7 +19,9 @@ Modes (every job of a run the same way):
 - ``elastic``: the ``elastic`` policy, jobs start at ``start_workers`` (2), bounds 1..8, K = 2,
   condition 1 only;
 - ``elastic_value``: the same, each job declaring that an hour sooner is worth
-  ``value_per_hour`` GPU-hours (condition 2 weighs each step's GPUs against the time saved).
+  ``value_per_hour`` GPU-hours (condition 2 weighs each step's GPUs against the time saved);
+- ``elastic_node`` (``clean`` and ``faults``): ``elastic`` with K = the GPUs of the job's node
+  (4), the paper's "GPUs per machine".
 
 Loads (``loads``): ``light``, 3 jobs an hour, and ``heavy``, 12 an hour.
 
@@ -186,6 +188,8 @@ def _modes(sc: Elastic002Cluster, variant: str) -> list[tuple[str, str, dict[str
             {"gpus": sc.start_workers, "elastic": bounds, "value_per_hour": sc.value_per_hour},
         )
     )
+    if variant in ("clean", "faults"):
+        modes.append(("elastic_node", "elastic", {"gpus": sc.start_workers, "elastic": bounds}))
     if variant == "faults":
         modes.append(("replace4", "elastic", {"gpus": 4, "elastic": (4, 4)}))
     return modes
@@ -222,8 +226,10 @@ def run_elastic002_cluster(
                 )
                 for mode, policy_name, kw in _modes(sc, variant):
                     jobs = job_specs(sc, draws, batch_factor=factor, **kw)
-                    params = {"scale_step_workers": sc.scale_step_workers}
-                    policy = build_policy(policy_name, params if policy_name == "elastic" else {})
+                    # elastic_node: K = the GPUs of the job's node (the paper's "GPUs per machine")
+                    step = 0 if mode == "elastic_node" else sc.scale_step_workers
+                    params = {"scale_step_workers": step} if policy_name == "elastic" else {}
+                    policy = build_policy(policy_name, params)
                     result = simulate(
                         cluster, jobs, policy, config=SimConfig(seed=seed, elastic_model=model)
                     )

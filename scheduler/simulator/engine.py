@@ -864,10 +864,26 @@ class Simulator:
         dp.total *= job.work_factor
         return dp
 
-    def _elastic_config(self) -> en.ElasticConfig:
-        """The engine settings of the policy (to know when a window makes a decision due)."""
+    def _elastic_config(self, job: _Job) -> en.ElasticConfig:
+        """The engine settings the policy uses for ``job`` (its ``config``, with the step K
+        its ``step_for`` gives), to know when a window makes a decision due; the engine's
+        defaults for a policy without them."""
         cfg = getattr(self.policy, "config", None)
-        return cfg if isinstance(cfg, en.ElasticConfig) else en.ElasticConfig()
+        if not isinstance(cfg, en.ElasticConfig):
+            return en.ElasticConfig()
+        step_for = getattr(self.policy, "step_for", None)
+        rj = self.rj.get(job.spec.id)
+        if callable(step_for) and rj is not None:
+            state = ClusterState(
+                now_s=self.now, nodes=self._nodes_snapshot(), pending=(), running=()
+            )
+            try:
+                k = int(step_for(rj, state))
+            except (KeyError, TypeError, ValueError):
+                return cfg
+            if k >= 1 and k != cfg.scale_step_workers:
+                return replace(cfg, scale_step_workers=k)
+        return cfg
 
     def _elastic_state(self, job: _Job) -> en.ElasticState | None:
         dp = job.dp
@@ -925,7 +941,7 @@ class Simulator:
             else:
                 self._dp_steady(job, dp)
             return False
-        cfg = self._elastic_config()
+        cfg = self._elastic_config(job)
         start = job.first_start if job.first_start is not None else self.now
         dp.end_window(self.now, job.progress * dp.total, cfg, start)
         self.rj_dirty.add(job)
@@ -1018,7 +1034,7 @@ class Simulator:
             self._elastic_event(job, kind, w, target, action.explanation)
             return True
         # shrink now: stragglers go first, then the last ranks
-        cfg = self._elastic_config()
+        cfg = self._elastic_config(job)
         ewma = dp.state.straggler_ewma
         order = sorted(range(w), key=lambda i: (ewma[i] >= cfg.straggler_threshold, -i))
         drop = set(order[: w - target])
