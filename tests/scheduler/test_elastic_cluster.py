@@ -191,6 +191,41 @@ def test_replace_workers_swaps_the_straggler_for_a_spare_and_releases_its_gpu():
     assert extra == pytest.approx(60.0 * len(asked), rel=1e-6)
 
 
+class Recording(ElasticPolicy):
+    def __init__(self, **params) -> None:
+        super().__init__(**params)
+        self.placements: list[tuple[tuple[str, int], ...]] = []
+
+    def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
+        self.placements += [rj.placement.gpu_keys for rj in state.running]
+        return super().schedule(state, rng)
+
+
+def test_the_spare_takes_the_stragglers_rank_and_its_gpu_is_freed():
+    model = ElasticModel(noise_sd=0.0, faults=FAULTS, seed=1)
+    policy = Recording(scale_step_workers=1)
+    config = SimConfig(elastic_model=model, reschedule_interval_s=10.0)  # snapshots every 10 s
+    job = dp_job("a", gpus=2, hours=1.0, elastic=(2, 2))
+    res = simulate(two_nodes(4), [job], policy, config=config)
+    first = res.elastic_events[0]
+    assert first.kind == "replace_workers"
+    rank = int(first.text.split("[")[1].split("]")[0])
+    seen = list(dict.fromkeys(policy.placements))
+    before, warming, after = seen[0], seen[1], seen[2]
+    assert len(before) == 2 and len(warming) == 3 and len(after) == 2
+    spare = warming[2]
+    assert spare not in before
+    # after the warm-up the spare holds the straggler's rank; the straggler's GPU is free
+    assert after[rank] == spare and before[rank] not in after
+    assert after[1 - rank] == before[1 - rank]
+
+
+def test_jobs_without_a_worker_range_keep_their_profile_times():
+    job = dp_job("a", gpus=2, elastic=None)
+    res = run([job], build_policy("fifo"))  # static_jobs is off by default
+    assert res.jobs[0].run_s == pytest.approx(job.profile.gpu_time_s["V100"])
+
+
 def test_replace_without_a_spare_is_skipped_not_a_crash():
     model = ElasticModel(noise_sd=0.0, faults=FAULTS, seed=1)
     job = dp_job("a", gpus=2, hours=1.0, elastic=(2, 2))
