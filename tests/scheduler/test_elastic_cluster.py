@@ -323,3 +323,31 @@ def test_many_elastic_jobs_with_stragglers_keep_the_books_straight():
         tl = res.timeline
         busy = sum(a.busy_gpus * (b.t_s - a.t_s) for a, b in zip(tl, tl[1:], strict=False))
         assert sum(res.gpu_seconds.values()) == pytest.approx(busy)
+
+
+def test_a_scenario_file_sets_the_elastic_model(tmp_path):
+    from scheduler.inputs import InputError
+    from scheduler.scenarios import load_scenario
+
+    (tmp_path / "t.csv").write_text(
+        f"job_id,job_type,arrival_time_s,total_steps,scale_factor\n0,{R18},0,20000,2\n"
+    )
+    text = """
+cluster: {nodes: [{name: v, count: 1, gpu_model: V100, gpus_per_node: 4}]}
+trace: {file: t.csv, format: gavel}
+policies: [fifo]
+simulation:
+  elastic_model: {warmup_s: 30, static_jobs: true, faults: {persistent_per_hour: 0.5}}
+"""
+    (tmp_path / "s.yaml").write_text(text)
+    sc = load_scenario(str(tmp_path / "s.yaml"))
+    model = sc.config.elastic_model
+    assert model is not None and model.warmup_s == 30 and model.static_jobs
+    assert model.faults.persistent_per_hour == 0.5
+    res = simulate(sc.cluster, sc.jobs, build_policy("fifo"), config=sc.config)
+    # curve-modelled: 30 s warm-up + the steps at the measured 2-GPU rate
+    rate = TABLE.curve(R18, "V100").consolidated[2]
+    assert res.jobs[0].run_s == pytest.approx(30.0 + 20000 / rate)
+    (tmp_path / "s.yaml").write_text(text.replace("warmup_s", "warmup"))
+    with pytest.raises(InputError, match="elastic_model.warmup"):
+        load_scenario(str(tmp_path / "s.yaml"))
