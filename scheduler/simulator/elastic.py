@@ -435,6 +435,12 @@ class ElasticModel:
     static_jobs: bool = False
     throughputs: str | None = None
 
+    def __post_init__(self) -> None:
+        if min(self.warmup_s, self.regroup_s, self.noise_sd) < 0 or self.window_steps < 1:
+            raise ValueError(
+                "warmup_s, regroup_s and noise_sd must not be negative, window_steps >= 1"
+            )
+
 
 #: Gavel's GPU type names -> catalogue model names.
 _GAVEL_MODELS = {"k80": "K80", "p100": "P100", "v100": "V100"}
