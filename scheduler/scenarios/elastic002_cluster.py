@@ -266,7 +266,7 @@ def _row(result: Any, layout: str, variant: str, mode: str, seed: int) -> dict[s
 
 
 def summarize_elastic002_cluster(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (layout, variant, mode): jobs completed over the seeds ("N of M"), the means over
+    """Per (load, layout, variant, mode): jobs completed over the seeds ("N of M"), the means over
     the seeds of average JCT, makespan, queueing and GPU-hours, and the elastic changes;
     ``vs_best_static_jct_pct``: the mean JCT against the best static mode's (same layout and
     variant)."""
@@ -274,8 +274,8 @@ def summarize_elastic002_cluster(runs: pd.DataFrame) -> pd.DataFrame:
     for (load, layout, variant), group in runs.groupby(["load", "layout", "variant"], sort=False):
         means = {}
         for mode, g in group.groupby("mode", sort=False):
-            means[mode] = g.avg_jct_h.mean()
-        statics = {m: v for m, v in means.items() if m.startswith("static")}
+            means[mode] = g.avg_jct_h.mean(skipna=False)
+        statics = {m: v for m, v in means.items() if m.startswith("static") and not math.isnan(v)}
         best = min(statics, key=lambda m: statics[m]) if statics else None
         for mode, g in group.groupby("mode", sort=False):
             done, jobs = int(g.completed.sum()), int(g.jobs.sum())
@@ -286,9 +286,10 @@ def summarize_elastic002_cluster(runs: pd.DataFrame) -> pd.DataFrame:
                 "mode": mode,
                 "seeds": len(g),
                 "completed": f"{done} of {jobs}",
-                "avg_jct_h": g.avg_jct_h.mean(),
-                "makespan_h": g.makespan_h.mean(),
-                "avg_queue_h": g.avg_queue_h.mean(),
+                # NaN when a seed's run left a job unfinished ("N of M completed")
+                "avg_jct_h": g.avg_jct_h.mean(skipna=False),
+                "makespan_h": g.makespan_h.mean(skipna=False),
+                "avg_queue_h": g.avg_queue_h.mean(skipna=False),
                 "gpu_h": g.gpu_h.mean(),
                 "scale_changes": g.scale_changes.mean(),
                 "replacements": g.replacements.mean(),

@@ -351,3 +351,22 @@ simulation:
     (tmp_path / "s.yaml").write_text(text.replace("warmup_s", "warmup"))
     with pytest.raises(InputError, match="elastic_model.warmup"):
         load_scenario(str(tmp_path / "s.yaml"))
+
+
+def test_an_incomplete_seed_shows_n_of_m_and_no_average():
+    import pandas as pd
+
+    base = {"load": "l", "layout": "2x4", "variant": "clean", "jobs": 4, "gpu_h": 1.0}
+    zeros = {"scale_changes": 0, "replacements": 0, "skipped": 0}
+    rows = [
+        {**base, **zeros, "mode": "static1", "seed": 0, "completed": 4, "avg_jct_h": 2.0,
+         "makespan_h": 3.0, "avg_queue_h": 0.0},
+        {**base, **zeros, "mode": "elastic", "seed": 0, "completed": 4, "avg_jct_h": 1.0,
+         "makespan_h": 2.0, "avg_queue_h": 0.0},
+        {**base, **zeros, "mode": "elastic", "seed": 1, "completed": 3, "avg_jct_h": math.nan,
+         "makespan_h": math.nan, "avg_queue_h": math.nan},
+    ]  # fmt: skip
+    table = summarize_elastic002_cluster(pd.DataFrame(rows)).set_index("mode")
+    assert table.loc["elastic", "completed"] == "7 of 8"
+    assert math.isnan(table.loc["elastic", "avg_jct_h"])
+    assert table.loc["static1", "completed"] == "4 of 4"
