@@ -3,6 +3,7 @@
     python -m scheduler.reproduce sharing001 [--seeds 20] [--out DIR]
     python -m scheduler.reproduce kscheduler003 [--out DIR]
     python -m scheduler.reproduce elastic002 [--out DIR]    (docs/elastic.md)
+    python -m scheduler.reproduce elastic002_cluster [--seeds 5] [--out DIR]    (docs/elastic.md)
     python -m scheduler.reproduce slowdown000 [--out DIR]
 
 **sharing001** (paper 001, ALGORITHMS §4): the scenario's 180 apps under ``sharing_mode``,
@@ -28,6 +29,11 @@ later group are not charged the wait for the earlier ones: its K-Scheduler ANTT 
 groups run one after another allows no other reading), which is our ``avg_slowdown``;
 fairness is min / max of solo / co-run time. The turnaround-based ANTT (queueing included) is
 printed too.
+
+**elastic002_cluster** (paper 002, ALGORITHMS §6; docs/elastic.md): Poisson streams of elastic
+Gavel jobs on 2 and 4 nodes of 4 V100 in the cluster simulator, ``elastic`` against ``fifo`` at
+1, 2 and 4 GPUs per job, per seed 0..N-1 (``--seeds``, default 5 here): jobs completed ("N of
+M"), average JCT, makespan and GPU-hours (means over the seeds).
 
 **slowdown000** (paper 000, ALGORITHMS §5; docs/slowdown.md): sets (a), (b), (c)
 (``slowdown000``, ``slowdown000b``, ``slowdown000c``) in the data-parallel simulator
@@ -292,16 +298,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m scheduler.reproduce", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
-        "name", choices=["sharing001", "kscheduler003", "slowdown000", "elastic002"]
+        "name",
+        choices=["sharing001", "kscheduler003", "slowdown000", "elastic002", "elastic002_cluster"],
     )
-    parser.add_argument("--seeds", type=int, default=20, help="sharing001: seeds (default 20)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=None,
+        help="sharing001: seeds (default 20); elastic002_cluster: seeds (default 5)",
+    )
     parser.add_argument(
         "--scenario", help="sharing001: a variant scenario YAML instead of the built-in one"
     )
     parser.add_argument("--out", help="directory for runs.csv and summary.csv")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     args = parser.parse_args(argv)
-    if args.seeds < 1:
+    if args.seeds is not None and args.seeds < 1:
         parser.error("--seeds must be >= 1")
     say = _progress(not args.quiet and sys.stderr.isatty())
     if args.name == "elastic002":
@@ -309,8 +321,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         runs = run_elastic002(progress=say)
         summary = summarize_elastic002(runs)
+    elif args.name == "elastic002_cluster":
+        from scheduler.scenarios.elastic002_cluster import (
+            run_elastic002_cluster,
+            summarize_elastic002_cluster,
+        )
+
+        runs = run_elastic002_cluster(seeds=args.seeds or 5, progress=say)
+        summary = summarize_elastic002_cluster(runs)
     elif args.name == "sharing001":
-        runs = run_sharing001(args.seeds, progress=say, scenario=args.scenario or "sharing001")
+        runs = run_sharing001(
+            args.seeds or 20, progress=say, scenario=args.scenario or "sharing001"
+        )
         summary = summarize_sharing001(runs)
     elif args.name == "slowdown000":
         summary, runs = run_slowdown000(progress=say)

@@ -41,6 +41,7 @@ from scheduler.inputs import (
     to_float,
     to_int,
 )
+from scheduler.simulator.elastic import ElasticModel, StragglerFaults
 from scheduler.simulator.results import OomAction, SimConfig
 from scheduler.traces import load_profiles, read_trace
 
@@ -233,6 +234,40 @@ def _workload_jobs(section: Any, base: Path, path: Path, sline: int | None) -> l
     return jobs
 
 
+_ELASTIC_FIELDS = {f.name for f in dataclasses.fields(ElasticModel)}
+_FAULT_FIELDS = {f.name for f in dataclasses.fields(StragglerFaults)}
+
+
+def _elastic_model(section: Mapping[str, Any], loc: FieldLoc, path: Path) -> ElasticModel:
+    """``simulation.elastic_model``: ``ElasticModel`` fields; ``faults`` a mapping of
+    ``StragglerFaults`` fields; ``throughputs`` a path relative to the scenario file."""
+    values: dict[str, Any] = {}
+    for key, value in section.items():
+        here: FieldLoc = {**loc, "field": f"{loc['field']}.{key}"}
+        if key not in _ELASTIC_FIELDS:
+            raise InputError(
+                f"unknown setting; known: {', '.join(sorted(_ELASTIC_FIELDS))}", **here
+            )
+        if key == "faults":
+            faults = require_mapping(value, **here)
+            unknown = sorted(set(faults) - _FAULT_FIELDS)
+            if unknown:
+                known = ", ".join(sorted(_FAULT_FIELDS))
+                raise InputError(f"unknown setting {unknown[0]!r}; known: {known}", **here)
+            values[key] = StragglerFaults(
+                **{k: to_float(v, minimum=0, maximum=1e6, **here) for k, v in faults.items()}
+            )
+        elif key == "static_jobs":
+            values[key] = bool(value)
+        elif key == "throughputs":
+            values[key] = str(path.parent / str(value))
+        elif key in ("seed", "window_steps"):
+            values[key] = to_int(value, minimum=0 if key == "seed" else 1, **here)
+        else:
+            values[key] = to_float(value, minimum=0, maximum=1e9, **here)
+    return ElasticModel(**values)
+
+
 def _sim_config(section: Any, path: Path, sline: int | None) -> SimConfig:
     section = require_mapping(section, file=path, line=sline, field="simulation")
     values: dict[str, Any] = {}
@@ -261,6 +296,8 @@ def _sim_config(section: Any, path: Path, sline: int | None) -> SimConfig:
             }
         elif key in ("seed", "max_oom_restarts"):
             values[key] = to_int(value, **loc)
+        elif key == "elastic_model":
+            values[key] = _elastic_model(require_mapping(value, **loc), loc, path)
         else:
             values[key] = to_float(value, minimum=0, maximum=1e12, **loc)
     try:

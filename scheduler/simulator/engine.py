@@ -23,6 +23,14 @@ Execution model (docs/simulator.md has the long version):
   every ``SimConfig.reschedule_interval_s``, else every ``policy.tick_interval_s`` if the
   policy has that attribute (execution plans that watch running jobs). Applied PAUSE / RESUME
   actions are logged in ``Simulator.action_log`` and appended to the job's explanation.
+- Elastic data-parallel jobs (a worker range and a measured curve for their job type:
+  ``scheduler.simulator.elastic``) run at the curve's throughput for their worker count, local
+  batch and consolidation, times their slowest rank's speed; every ``window_steps`` reference
+  steps they produce a statistics window folded into ``RunningJob.elastic`` while the engine
+  is measuring (none once it converged, until a rank turns straggler). ``SET_WORKERS`` grows
+  them onto idle GPUs of their model (warm-up, then a regroup pause) or shrinks them;
+  ``REPLACE_WORKERS`` warms a spare that then takes the straggler's place. An action that
+  cannot be applied is skipped and logged in ``SimResult.elastic_events``.
 """
 
 from __future__ import annotations
@@ -33,8 +41,10 @@ import math
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from itertools import count
 
+from scheduler import elastic as en
 from scheduler.admission import admit, capacity_of
 from scheduler.catalog import MigLayoutError
 from scheduler.cluster_spec import ClusterSpec
@@ -49,13 +59,22 @@ from scheduler.domain import (
     NodeKind,
     NodeState,
     Placement,
+    PlacementPart,
     Plan,
     RunningJob,
     SharingMode,
 )
 from scheduler.interference import InterferenceModel
 from scheduler.policies.base import Policy
+from scheduler.simulator.elastic import (
+    CurveTable,
+    DataParallelJob,
+    ElasticModel,
+    Transition,
+    load_curve_table,
+)
 from scheduler.simulator.results import (
+    ElasticEvent,
     EndReason,
     JobRecord,
     OomAction,
@@ -70,7 +89,7 @@ from scheduler.simulator.sharing import MigBook
 
 # Event kinds; the number orders simultaneous events (completions free memory before the OOM
 # checks, and both before arrivals and ticks).
-_JOB, _OOM, _ARRIVAL, _TICK, _SAMPLE, _READY = 0, 1, 2, 3, 4, 5
+_JOB, _OOM, _ARRIVAL, _TICK, _SAMPLE, _READY, _DP_TIMER, _DP_READY = 0, 1, 2, 3, 4, 5, 6, 7
 _MEM_TOL_MB = 1e-3  # memory may exceed capacity by this much (float noise) before an OOM
 
 _PENDING, _RUNNING, _DONE = "pending", "running", "done"
@@ -111,6 +130,9 @@ class _Job:
         "ready_at",
         "restart_cost",
         "work_factor",
+        "dp",
+        "gpu_s",
+        "held_since",
     )
 
     def __init__(self, spec: JobSpec, seq: int) -> None:
@@ -143,6 +165,9 @@ class _Job:
         self.target = 1.0  # progress at its next scheduled event (a step boundary or 1)
         self.ready_at = 0.0  # no progress before this time (a MIG instance being created)
         self.restart_cost = 0.0  # seconds without progress at its next start (preempted)
+        self.dp: DataParallelJob | None = None  # an elastic job on a measured curve
+        self.gpu_s = 0.0  # GPU-seconds held so far
+        self.held_since = 0.0
         # True work / estimated work (noisy estimates: scheduler.estimates). The profile holds
         # the estimate the policy reads; the simulator runs the job for the true work.
         self.work_factor = float(spec.params.get(TRUE_WORK_FACTOR, 1.0)) if spec.params else 1.0
@@ -289,6 +314,10 @@ class Simulator:
         self.ignored_actions = 0
         # Applied PAUSE / RESUME actions: (time, kind, job id, explanation).
         self.action_log: list[tuple[float, str, str, str]] = []
+        self.elastic_model = self.config.elastic_model or ElasticModel()
+        self.curve_table: CurveTable | None = None
+        self.elastic_events: list[ElasticEvent] = []
+        self.reserved: set[tuple[str, int]] = set()  # GPUs the plan being applied places on
         self.latencies: list[float] = []
         self.timeline: list[TimelinePoint] = []
         self.samples: list[SlowdownSample] = []
@@ -356,6 +385,12 @@ class Simulator:
                 elif kind == _READY:
                     if obj.status == _RUNNING and obj.ready_at <= t:  # its MIG instance is up
                         self.touched_jobs.add(obj)
+                        if obj.dp is not None:
+                            self._dp_watch(obj)
+                elif kind == _DP_TIMER:
+                    trigger |= self._on_dp_timer(obj, version)
+                elif kind == _DP_READY:
+                    self._on_dp_ready(obj, version)
                 else:
                     sample = True
             rounds = 0
@@ -506,6 +541,8 @@ class Simulator:
     def _release(self, job: _Job) -> None:
         """Take a running job off its GPUs and cores."""
         self._advance(job)
+        self._charge(job)
+        job.dp = None
         for gpu in job.gpus:
             gpu.jobs.remove(job)
             if job.placement is not None and job.placement.mig_profile:
@@ -607,7 +644,10 @@ class Simulator:
         """(progress per second, GPU whose co-location is infeasible or None)."""
         if job.paused or job.ready_at > self.now:
             return 0.0, None
-        base = 1.0 / job.solo_s if job.solo_s > 0 else math.inf
+        if job.dp is not None:
+            base = job.dp.rate() / job.dp.total if job.dp.total > 0 else math.inf
+        else:
+            base = 1.0 / job.solo_s if job.solo_s > 0 else math.inf
         factor = 1.0
         for gpu in job.gpus:
             f = self._gpu_factor(job, gpu)
@@ -731,8 +771,10 @@ class Simulator:
                 f"policy {self.policy_name!r} returned {type(plan).__name__}, not a Plan"
             )
         changed = False
+        self.reserved = {key for d in plan.decisions for key in d.placement.gpu_keys}
         for action in plan.actions:
             changed |= self._apply_action(action)
+        self.reserved = set()
         for decision in plan.decisions:
             self._apply_decision(decision.placement, decision.explanation)
             changed = True
@@ -773,8 +815,10 @@ class Simulator:
             job.restart_cost = self.config.preemption_cost(job.spec.job_type)
             job.explanation = f"requeued by {self.policy_name}: {action.explanation}"
             return True
+        elif kind in (ActionKind.SET_WORKERS, ActionKind.REPLACE_WORKERS):
+            return self._apply_elastic(job, action)
         else:
-            self.ignored_actions += 1  # data ratios / worker counts: not modelled yet
+            self.ignored_actions += 1  # data ratios: not modelled
             return False
         self.touched_jobs.add(job)
         self.touched_gpus.update(job.gpus)
@@ -783,6 +827,327 @@ class Simulator:
         if action.explanation:
             job.explanation = f"{job.explanation}; {action.explanation}"
         return True
+
+    # ------------------------------------------------------------------------------------
+    # Elastic data-parallel jobs (scheduler.simulator.elastic; docs/simulator.md)
+
+    def _charge(self, job: _Job) -> None:
+        """Add the GPU-seconds of the GPUs ``job`` held since the last charge."""
+        job.gpu_s += len(job.gpus) * (self.now - job.held_since)
+        job.held_since = self.now
+
+    def _curve_job(self, job: _Job, model: str, pl: Placement) -> DataParallelJob | None:
+        """The curve model of a job just placed (None: it runs on its profile's solo time)."""
+        spec = job.spec
+        elastic = spec.elastic_min is not None or spec.elastic_max is not None
+        if spec.job_type is None or job.segments:
+            return None
+        if not (elastic or self.elastic_model.static_jobs):
+            return None
+        if self.curve_table is None:
+            self.curve_table = load_curve_table(self.elastic_model.throughputs)
+        if self.curve_table.curve(spec.job_type, model) is None:
+            return None
+        try:
+            dp = DataParallelJob(
+                spec,
+                model,
+                pl.gpu_count,
+                pl.is_gang,
+                self.curve_table,
+                self.elastic_model,
+                self.now,
+                job.seq,
+            )
+        except ValueError:  # the curve has no point at this count
+            return None
+        dp.total *= job.work_factor
+        return dp
+
+    def _elastic_config(self, job: _Job) -> en.ElasticConfig:
+        """The engine settings the policy uses for ``job`` (its ``config``, with the step K
+        its ``step_for`` gives), to know when a window makes a decision due; the engine's
+        defaults for a policy without them."""
+        cfg = getattr(self.policy, "config", None)
+        if not isinstance(cfg, en.ElasticConfig):
+            return en.ElasticConfig()
+        step_for = getattr(self.policy, "step_for", None)
+        rj = self.rj.get(job.spec.id)
+        if callable(step_for) and rj is not None:
+            state = ClusterState(
+                now_s=self.now, nodes=self._nodes_snapshot(), pending=(), running=()
+            )
+            try:
+                k = int(step_for(rj, state))
+            except (KeyError, TypeError, ValueError):
+                return cfg
+            if k >= 1 and k != cfg.scale_step_workers:
+                return replace(cfg, scale_step_workers=k)
+        return cfg
+
+    def _elastic_state(self, job: _Job) -> en.ElasticState | None:
+        dp = job.dp
+        if dp is None or dp.state is None:
+            return None
+        done = job.progress_at(self.now) * dp.total
+        start = job.first_start if job.first_start is not None else self.now
+        return replace(
+            dp.state,
+            remaining_steps=max(0.0, dp.total - done) / dp.unit,
+            elapsed_s=self.now - start,
+        )
+
+    def _dp_watch(self, job: _Job) -> None:
+        """After a warm-up or regroup: an elastic job measures (windows), a static one runs
+        until its next persistent fault."""
+        dp = job.dp
+        if dp is None:
+            return
+        if dp.state is not None and dp.pending is None:
+            dp.ranks.skip_blips(self.now)
+            self._dp_window(job, dp)
+        else:
+            self._dp_steady(job, dp)
+
+    def _dp_window(self, job: _Job, dp: DataParallelJob) -> None:
+        dp.streaming = True
+        dp.timer += 1
+        length = dp.start_window(self.now)
+        self._push(self.now + length, _DP_TIMER, job, dp.timer)
+        self.touched_jobs.add(job)
+
+    def _dp_steady(self, job: _Job, dp: DataParallelJob) -> None:
+        """No window watched: the job runs at its current ranks' speed until the next fault."""
+        dp.streaming = False
+        dp.timer += 1
+        dp.steady(self.now)
+        nxt = dp.ranks.next_fault_s()
+        if nxt < math.inf:
+            self._push(max(nxt, self.now), _DP_TIMER, job, dp.timer)
+        self.touched_jobs.add(job)
+
+    def _on_dp_timer(self, job: _Job, version: int) -> bool:
+        """A window ends (fold it in; True if a decision is now due) or, unwatched, a rank
+        turns straggler (an elastic job starts watching again)."""
+        dp = job.dp
+        if job.status != _RUNNING or dp is None or version != dp.timer:
+            return False
+        self._advance(job)
+        if dp.window is None:  # a fault while nobody watched
+            if dp.state is not None and dp.pending is None and job.ready_at <= self.now:
+                dp.steady(self.now)
+                dp.ranks.skip_blips(self.now)
+                self._dp_window(job, dp)
+            else:
+                self._dp_steady(job, dp)
+            return False
+        cfg = self._elastic_config(job)
+        start = job.first_start if job.first_start is not None else self.now
+        dp.end_window(self.now, job.progress * dp.total, cfg, start)
+        self.rj_dirty.add(job)
+        if dp.state is None or dp.declared is None:
+            self._dp_steady(job, dp)
+            return False
+        decision = en.decide(dp.state, dp.declared, cfg)
+        if decision.kind == en.DecisionKind.HOLD and (not decision.converged or dp.suspect):
+            self._dp_window(job, dp)  # still measuring, or watching a potential straggler
+            return False
+        self._dp_steady(job, dp)
+        return decision.kind != en.DecisionKind.HOLD
+
+    def _elastic_event(self, job: _Job, kind: str, w_from: int, w_to: int, text: str) -> None:
+        self.elastic_events.append(ElasticEvent(self.now, job.spec.id, kind, w_from, w_to, text))
+
+    def _idle_of_model(self, job: _Job, n: int) -> list[_Gpu]:
+        """Up to ``n`` idle GPUs of the job's model, its own nodes first, cluster order, none
+        that the plan being applied places a job on (the ``elastic`` policy's order)."""
+        own = {node.name for node in job.nodes}
+        free = [
+            g
+            for node in self.nodes
+            for g in node.gpus
+            if not g.jobs
+            and g.spec.model == job.model
+            and (node.name, g.index) not in self.reserved
+        ]
+        free.sort(key=lambda g: g.node.name not in own)
+        return free[:n]
+
+    def _apply_elastic(self, job: _Job, action: Action) -> bool:
+        """SET_WORKERS / REPLACE_WORKERS on an elastic job (False: skipped, logged)."""
+        dp = job.dp
+        kind = str(action.kind)
+        w = dp.workers if dp is not None else len(job.gpus)
+
+        def skip(why: str, target: int = w) -> bool:
+            self.ignored_actions += 1
+            self._elastic_event(job, f"skipped {kind}", w, target, f"{why} ({action.explanation})")
+            return False
+
+        if job.status != _RUNNING or dp is None or dp.state is None:
+            return skip("not a running elastic job on a measured curve")
+        if dp.pending is not None:
+            return skip("a change is under way")
+        if action.kind == ActionKind.REPLACE_WORKERS:
+            try:
+                ranks = tuple(sorted({int(r) for r in action.value or ()}))
+            except (TypeError, ValueError):
+                return skip(f"bad ranks {action.value!r}")
+            if not ranks or ranks[0] < 0 or ranks[-1] >= w:
+                return skip(f"ranks {ranks} are not ranks of its {w} workers")
+            spares = self._idle_of_model(job, len(ranks))
+            if len(spares) < len(ranks):
+                return skip(f"no idle spare {job.model}: needs {len(ranks)}, {len(spares)} idle")
+            self._dp_begin(
+                job,
+                dp,
+                Transition(
+                    "replace", w, ranks, list(spares), dp.local, action.explanation, self.now
+                ),
+            )
+            self._elastic_event(job, kind, w, w, f"ranks {list(ranks)}: {action.explanation}")
+            return True
+        value = action.value if isinstance(action.value, Mapping) else {"workers": action.value}
+        try:
+            target = int(value["workers"])
+            asked = value.get("local_batch")
+            asked = int(asked) if asked else None
+        except (KeyError, TypeError, ValueError):
+            return skip(f"bad value {action.value!r}")
+        if target == w:
+            return False
+        if target < 1:
+            return skip(f"{target} workers", target)
+        local = dp.local_for(target, asked)
+        if target > w:
+            extra = self._idle_of_model(job, target - w)
+            if len(extra) < target - w:
+                return skip(f"needs {target - w} idle {job.model}, {len(extra)} idle", target)
+            spread = len({g.node for g in [*job.gpus[:w], *extra]}) > 1
+            if not dp.can_run(target, spread, local):
+                return skip(f"no measured throughput at {target} GPUs", target)
+            self._dp_begin(
+                job,
+                dp,
+                Transition("scale", target, (), list(extra), local, action.explanation, self.now),
+            )
+            self._elastic_event(job, kind, w, target, action.explanation)
+            return True
+        # shrink now: stragglers go first, then the last ranks
+        cfg = self._elastic_config(job)
+        ewma = dp.state.straggler_ewma
+        order = sorted(range(w), key=lambda i: (ewma[i] >= cfg.straggler_threshold, -i))
+        drop = set(order[: w - target])
+        keep = [i for i in range(w) if i not in drop]
+        gpus = [job.gpus[i] for i in keep]
+        spread = len({g.node for g in gpus}) > 1
+        if not dp.can_run(target, spread, local):
+            return skip(f"no measured throughput at {target} GPUs", target)
+        self._hold(job, gpus)
+        dp.ranks.keep(keep)
+        dp.set_group(target, spread, local)
+        state = en.changed(dp.state, target)
+        dp.state = replace(state, straggler_ewma=tuple(ewma[i] for i in keep))
+        self._elastic_event(job, kind, w, target, action.explanation)
+        self._dp_regroup(job, dp)
+        return True
+
+    def _dp_begin(self, job: _Job, dp: DataParallelJob, change: Transition) -> None:
+        """Hold the new GPUs (or spares) while they warm up; the job trains on meanwhile."""
+        self._hold(job, [*job.gpus, *change.gpus])  # type: ignore[list-item]
+        dp.pending = change
+        dp.serial += 1
+        if dp.state is not None:
+            dp.state = en.begin_transition(dp.state)
+        self._push(self.now + self.elastic_model.warmup_s, _DP_READY, job, dp.serial)
+        self._dp_steady(job, dp)
+        self.rj_dirty.add(job)
+
+    def _on_dp_ready(self, job: _Job, version: int) -> None:
+        """The warm-up is over: the new group forms (a regroup pause), the straggler leaves."""
+        dp = job.dp
+        if job.status != _RUNNING or dp is None or version != dp.serial or dp.pending is None:
+            return
+        self._advance(job)
+        change, dp.pending = dp.pending, None
+        w = dp.workers
+        new: list[_Gpu] = list(change.gpus)  # type: ignore[arg-type]
+        active = job.gpus[:w]
+        if change.kind == "replace":
+            for rank, spare in zip(change.ranks, new, strict=True):
+                active[rank] = spare
+            self._hold(job, active)
+            dp.ranks.heal(change.ranks, self.now)
+            dp.set_group(w, len({g.node for g in active}) > 1, dp.local)
+            if dp.state is not None:
+                dp.state = en.replaced(dp.state, change.ranks)
+            text = f"ranks {list(change.ranks)} replaced by warmed spares"
+        else:
+            gpus = [*active, *new]
+            self._hold(job, gpus)
+            dp.ranks.add(len(new), self.now)
+            dp.set_group(change.target, len({g.node for g in gpus}) > 1, change.local_batch)
+            if dp.state is not None:
+                dp.state = en.changed(dp.state, change.target)
+            text = f"{w} -> {change.target} workers, local batch {dp.local}"
+        self._elastic_event(job, "applied", w, dp.workers, f"{text} ({change.reason})")
+        self._dp_regroup(job, dp)
+
+    def _dp_regroup(self, job: _Job, dp: DataParallelJob) -> None:
+        """The group changes: no training for ``regroup_s``, then the job measures again."""
+        job.ready_at = max(job.ready_at, self.now + self.elastic_model.regroup_s)
+        self._push(job.ready_at, _READY, job)
+        self._dp_steady(job, dp)
+        self.rj_dirty.add(job)
+
+    def _hold(self, job: _Job, gpus: list[_Gpu]) -> None:
+        """Make ``gpus`` (ranks in order, then warming ones) the job's GPUs: attach the new,
+        detach the others, rebuild its placement (added nodes bring no cores; a node it
+        leaves gets its cores back) and charge the GPU time held so far."""
+        self._advance(job)
+        self._charge(job)
+        pl = job.placement
+        if pl is None:  # a running job always has one
+            raise SimulationError(f"job {job.spec.id!r} runs without a placement")
+        old, new = set(job.gpus), set(gpus)
+        for g in job.gpus:
+            if g not in new:
+                g.jobs.remove(job)
+                if not g.jobs:
+                    g.mode = None
+                self.touched_gpus.add(g)
+        for g in gpus:
+            if g not in old:
+                g.jobs.append(job)
+                g.mode = pl.mode
+                self.touched_gpus.add(g)
+        nodes: list[_Node] = []
+        for g in gpus:
+            if g.node not in nodes:
+                nodes.append(g.node)
+        cpus = {part.node: part.cpus for part in pl.parts}
+        names = {n.name for n in nodes}
+        for name, c in cpus.items():
+            if name not in names:
+                self.node_by_name[name].free_cores += c
+        parts = [
+            PlacementPart(n.name, tuple(g.index for g in gpus if g.node is n), cpus.get(n.name, 0))
+            for n in nodes
+        ]
+        job.placement = replace(
+            pl,
+            node=parts[0].node,
+            gpu_indices=parts[0].gpu_indices,
+            cpus=parts[0].cpus,
+            more=tuple(parts[1:]),
+        )
+        self.dirty_nodes.update(job.nodes)
+        self.dirty_nodes.update(nodes)
+        job.nodes = nodes
+        job.gpus = list(gpus)
+        self.touched_jobs.add(job)
+        self.rj_dirty.add(job)
+        self.running_tuple = None
 
     def _apply_decision(self, pl: Placement, explanation: str) -> None:
         """Validate ``pl`` (every part of a gang: node, cores, GPU indices, one GPU model,
@@ -887,7 +1252,14 @@ class Simulator:
         if job.first_start is None:
             job.first_start = self.now
         job.last_start = self.now
+        job.held_since = self.now
         job.explanation = explanation
+        if model is not None and gpus:
+            job.dp = self._curve_job(job, model, pl)
+            if job.dp is not None:
+                job.solo_s = job.ref_s = job.dp.solo_s(pl.gpu_count)
+                job.ready_at = max(job.ready_at, self.now + self.elastic_model.warmup_s)
+                self._push(job.ready_at, _READY, job)
         if job.restart_cost > 0:  # checkpoint restore after a preemption: no progress yet
             job.ready_at = max(job.ready_at, self.now + job.restart_cost)
             job.restart_cost = 0.0
@@ -1069,6 +1441,7 @@ class Simulator:
                     # What the job reports: steps done / declared steps (estimate).
                     progress=min(1.0, job.progress_at(now) * job.work_factor),
                     paused=job.paused,
+                    elastic=self._elastic_state(job),
                 )
                 if job.rate > 0.0:
                     heapq.heappush(heap, (now + step / job.rate, job.seq, job.rj_version, job))
@@ -1146,6 +1519,8 @@ class Simulator:
             wall_s=wall_s,
             ignored_actions=self.ignored_actions,
             config=self.config,
+            gpu_seconds={j.spec.id: j.gpu_s for j in self.jobs},
+            elastic_events=self.elastic_events,
         )
 
     def _record(self, job: _Job) -> JobRecord:

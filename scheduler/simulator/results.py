@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from scheduler.domain import UNCONSOLIDATED_SPEED
+from scheduler.simulator.elastic import ElasticModel
 
 if TYPE_CHECKING:  # pandas is only needed by the frame helpers
     import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints (no pandas-stubs)
@@ -70,6 +71,10 @@ class SimConfig:
     - ``unconsolidated_speed``: a job spread over several nodes (a gang) whose profile has no
       unconsolidated time runs at this fraction of its one-node speed (default 0.74, the median
       of Gavel's measured unconsolidated / consolidated throughputs; ``scheduler.domain``).
+    - ``elastic_model``: how elastic data-parallel jobs run on measured curves
+      (``scheduler.simulator.elastic.ElasticModel``: warm-up, regroup, windows, faults; None:
+      its defaults). Jobs that declare a worker range and whose job type has a measured curve
+      on their GPU model honour ``SET_WORKERS`` / ``REPLACE_WORKERS``.
     - ``preemption_cost_s``: a job a policy requeued (preempted or migrated) makes no progress
       for this many seconds after it is placed again (checkpoint and restart); 0 is Gavel's
       assumption. ``preemption_cost_by_type`` overrides it per ``JobSpec.job_type``.
@@ -90,6 +95,7 @@ class SimConfig:
     unconsolidated_speed: float = UNCONSOLIDATED_SPEED
     preemption_cost_s: float = 0.0
     preemption_cost_by_type: Mapping[str, float] = field(default_factory=dict)
+    elastic_model: ElasticModel | None = None
 
     def preemption_cost(self, job_type: str | None) -> float:
         """Seconds without progress after a requeued job of ``job_type`` restarts."""
@@ -171,6 +177,21 @@ class SlowdownSample:
     max_diff: float
 
 
+@dataclass(frozen=True, slots=True)
+class ElasticEvent:
+    """One elastic change of a running job (``scheduler.simulator.engine``): ``kind`` is
+    ``set_workers`` / ``replace_workers`` (accepted: warm-up or regroup starts), ``applied``
+    (the new group trains), or ``skipped set_workers`` / ``skipped replace_workers`` (not
+    possible now: no idle GPU or spare, a change under way, no measured curve)."""
+
+    t_s: float
+    job_id: str
+    kind: str
+    workers_from: int
+    workers_to: int
+    text: str
+
+
 @dataclass(slots=True)
 class SimResult:
     """Everything one simulation produced."""
@@ -187,6 +208,9 @@ class SimResult:
     wall_s: float
     ignored_actions: int = 0
     config: SimConfig = field(default_factory=SimConfig)
+    # GPU-seconds each job held GPUs (warming and regrouping GPUs included).
+    gpu_seconds: Mapping[str, float] = field(default_factory=dict)
+    elastic_events: list[ElasticEvent] = field(default_factory=list)
 
     def jobs_frame(self) -> pd.DataFrame:
         """One row per job (the JobRecord fields) plus a ``policy`` column."""
