@@ -227,9 +227,20 @@ def test_jobs_without_a_worker_range_keep_their_profile_times():
 
 
 def test_replace_without_a_spare_is_skipped_not_a_crash():
+
     model = ElasticModel(noise_sd=0.0, faults=FAULTS, seed=1)
     job = dp_job("a", gpus=2, hours=1.0, elastic=(2, 2))
+    # the policy itself proposes no replacement without an idle spare
     res = run([job], build_policy("elastic", {"scale_step_workers": 1}), model, per_node=1)
+    assert not any("replace" in e.kind for e in res.elastic_events)
+    assert res.jobs[0].end_reason == "completed"
+
+    class Blind(ElasticPolicy):  # believes spares exist: the simulator must refuse
+        @staticmethod
+        def _idle_of_model(running, state, taken):
+            return [("nowhere", i) for i in range(8)]
+
+    res = run([job], Blind(scale_step_workers=1), model, per_node=1)
     kinds = {e.kind for e in res.elastic_events}
     assert "skipped replace_workers" in kinds and "applied" not in kinds
     assert "no idle spare" in next(
