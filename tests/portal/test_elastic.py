@@ -302,7 +302,7 @@ def test_the_job_grows_while_s_holds_and_stops_when_it_does_not(alice):
     assert [g.idle for g in snap.state.node("g1").gpus] == [False, False, True, True]
 
 
-def test_a_slowed_rank_is_replaced_by_an_idle_spare(alice):
+def test_a_slowed_rank_is_replaced_by_an_idle_spare(alice, client):
     job = running_elastic_job(alice, gpus=2, node_gpus=3)
     job.elastic_min_workers = job.elastic_max_workers = 2
     job.save()
@@ -322,6 +322,10 @@ def test_a_slowed_rank_is_replaced_by_an_idle_spare(alice):
     job.refresh_from_db()
     assert job.elastic_state["straggler_ewma"] == [1.0, 1.0]  # a new group starts afresh
     assert not job.elastic_state["in_transition"]
+    client.force_login(alice)
+    html = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "applied: attempt 2 on g1/0, g1/2" in html[html.index('id="elastic-changes"') :]
+    assert "Regrouped (elastic)" in html  # attempt 1 in the attempts table
 
 
 def test_a_change_without_the_gpus_it_needs_is_refused_and_the_engine_goes_on(alice, bob):
@@ -344,6 +348,16 @@ def test_a_change_without_the_gpus_it_needs_is_refused_and_the_engine_goes_on(al
     assert not job.elastic_state["in_transition"]
     assert job.placements.get(active=True).attempt == 1  # nothing was changed
     assert JobEvent.objects.filter(job=job, message__contains="not applied: only 1 idle").exists()
+    detail = client_api_detail(alice, job)
+    assert detail["elastic_changes"][0]["refused"] == "only 1 idle V100 GPU(s), 2 needed"
+
+
+def client_api_detail(user, job: Job) -> dict:
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(user)
+    return api.get(f"{URL}{job.pk}/").json()
 
 
 def test_a_window_at_another_count_than_the_attempts_is_refused(alice):
