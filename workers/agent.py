@@ -589,7 +589,7 @@ class NodeAgent:
                     a,
                     "killed",
                     f"attempt {key.attempt} of job {key.job_id} is no longer assigned to "
-                    f"{self.name} (preempted, cancelled, requeued or superseded)",
+                    f"{self.name} (preempted, cancelled, requeued, regrouped or superseded)",
                     self.stop_grace_s,
                 )
                 changed = True
