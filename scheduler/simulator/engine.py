@@ -318,6 +318,8 @@ class Simulator:
         self.curve_table: CurveTable | None = None
         self.elastic_events: list[ElasticEvent] = []
         self.reserved: set[tuple[str, int]] = set()  # GPUs the plan being applied places on
+        # An applied step down freed GPUs: with jobs waiting, the policy is called again at once.
+        self.freed_for_queue = False
         self.latencies: list[float] = []
         self.timeline: list[TimelinePoint] = []
         self.samples: list[SlowdownSample] = []
@@ -398,6 +400,10 @@ class Simulator:
                 if trigger:
                     self._call_policy()
                 trigger = self._recompute()
+                if self.freed_for_queue:
+                    # the next cycle of the live system: the queue sees the freed GPUs now
+                    self.freed_for_queue = False
+                    trigger = trigger or bool(self.pending)
                 if not trigger:
                     break
                 rounds += 1
@@ -1044,6 +1050,7 @@ class Simulator:
         if not dp.can_run(target, spread, local):
             return skip(f"no measured throughput at {target} GPUs", target)
         self._hold(job, gpus)
+        self.freed_for_queue = True
         dp.ranks.keep(keep)
         dp.set_group(target, spread, local)
         state = en.changed(dp.state, target)
