@@ -206,23 +206,31 @@ class ElasticPolicy(FifoPolicy):
         """Steps down that let waiting jobs start (class docstring), and the GPU models no
         elastic job may step up onto this cycle (model -> the waiting job's id). Adds the
         GPUs each served job will take to ``taken``."""
-        cap = _Capacity(state, plan, taken)
-        holders = [h for r in state.running if (h := self._holder(r, state)) is not None]
         shrinks: dict[str, Action] = {}
         no_growth: dict[str, str] = {}
+        holders = [h for r in state.running if (h := self._holder(r, state)) is not None]
+        if not holders:
+            return shrinks, no_growth
+        cap = _Capacity(state, plan, taken)
+        hopeless: set[tuple[object, ...]] = set()  # shapes that fit nowhere even at the minimum
         strict = not self.params.get("backfill", True)
         for job in state.pending:
             if job.id not in plan.waiting:
                 continue
+            allowed = self.allowed_models(job)
             for model in dict.fromkeys(h.model for h in holders):
-                if job.gpus < 1 or not cap.eligible(job, model, self.allowed_models(job)):
+                shape = (model, job.gpus, job.cpus, job.memory_need_mb(), allowed)
+                if job.gpus < 1 or shape in hopeless or not cap.eligible(job, model, allowed):
                     continue
                 if cap.fit(job, model, cap.idle(model)) is not None:
                     break  # it fits the idle GPUs: it waits for something else
                 mine = [h for h in holders if h.model == model and h.running.job.id not in shrinks]
                 at_min = cap.idle(model) + [k for h in mine for k in h.keys[h.floor :]]
                 if cap.fit(job, model, at_min) is None:
-                    continue  # not even with every elastic job at its minimum
+                    # not even with every elastic job at its minimum (and capacity only
+                    # shrinks during the cycle: the same shape will not fit later either)
+                    hopeless.add(shape)
+                    continue
                 no_growth.setdefault(model, job.id)
                 chosen = self._choose(job, model, cap, [h for h in mine if h.target is not None])
                 if chosen is None:
@@ -289,7 +297,10 @@ class ElasticPolicy(FifoPolicy):
         target = h.target if h.target is not None else w
         step = f"the step {target}->{w}"
         if h.s is None:
-            worth = f"{step} was not measured (S unknown), and no step with a measured S was enough"
+            worth = (
+                f"S of {step} is not known yet ({w} not measured), and the steps with a known "
+                f"S were not enough"
+            )
         else:
             lowest = all(o.s is None or h.s <= o.s for o in mine if o.target is not None)
             worth = f"{step} had S={h.s:.2f}" + (
@@ -359,7 +370,7 @@ class _Holder:
     def s_text(self) -> str:
         w = len(self.keys)
         if self.s is None:
-            return f"{self.target}->{w} not measured"
+            return f"{self.target}->{w} S not known yet"
         return f"{self.target}->{w} S={self.s:.2f}"
 
 

@@ -30,7 +30,9 @@ Execution model (docs/simulator.md has the long version):
   is measuring (none once it converged, until a rank turns straggler). ``SET_WORKERS`` grows
   them onto idle GPUs of their model (warm-up, then a regroup pause) or shrinks them;
   ``REPLACE_WORKERS`` warms a spare that then takes the straggler's place. An action that
-  cannot be applied is skipped and logged in ``SimResult.elastic_events``.
+  cannot be applied is skipped and logged in ``SimResult.elastic_events``. When a step down
+  freed GPUs while jobs wait, the policy is called again at the same instant (the live
+  system's next cycle), so the queue sees them at once.
 """
 
 from __future__ import annotations
