@@ -308,9 +308,11 @@ class ElasticPolicy(FifoPolicy):
                 if lowest
                 else f"; the jobs with a lower S free no GPUs {waiting.id} can use"
             )
-        others = [o for o in mine if o is not h and o.target is not None]
+        others = sorted((o for o in mine if o is not h and o.target is not None), key=_Holder.rank)
         if others:
-            worth += " (" + ", ".join(f"job {o.running.job.id}: {o.s_text()}" for o in others) + ")"
+            named = ", ".join(f"job {o.running.job.id}: {o.s_text()}" for o in others[:3])
+            more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+            worth += f" ({named}{more})"
         also = [c for c in chosen if c is not h]
         if also:
             worth += "; also stepping down: " + ", ".join(
@@ -397,6 +399,8 @@ class _Capacity:
                 if gpu.idle and gpu.key not in taken:
                     self._idle.setdefault(model, []).append(gpu.key)
         self.total_cores = {n.name: n.cores for n in self.nodes}
+        self.order = {n.name: i for i, n in enumerate(self.nodes)}
+        self._one_node: dict[tuple[str, int, int], bool] = {}
 
     def idle(self, model: str) -> list[GpuKey]:
         return list(self._idle.get(model, ()))
@@ -414,23 +418,32 @@ class _Capacity:
     def _cores_ok(self, node: str, cpus: int) -> bool:
         return self.total_cores[node] <= 0 or self.cores[node] >= cpus
 
+    def one_node(self, model: str, k: int, cpus: int) -> bool:
+        """Whether some up node holds ``k`` GPUs of ``model`` (busy or not) and the cores: then
+        fifo places the job on one node, never spread."""
+        key = (model, k, cpus)
+        if key not in self._one_node:
+            self._one_node[key] = any(
+                self.size.get((n.name, model), 0) >= k and (n.cores <= 0 or n.cores >= cpus)
+                for n in self.nodes
+            )
+        return self._one_node[key]
+
     def fit(self, job: JobSpec, model: str, pool: list[GpuKey]) -> tuple[GpuKey, ...] | None:
-        """The GPUs of ``pool`` (idle or freed) ``job`` would take on ``model`` (None: no fit)."""
+        """The GPUs of ``pool`` (idle or freed) ``job`` would take on ``model`` (None: no fit).
+        Costs O(pool): the pool is small when jobs wait."""
         k = job.gpus
         by_node: dict[str, list[GpuKey]] = {}
         for key in pool:
-            by_node.setdefault(key[0], []).append(key)
-        one_node = any(
-            self.size.get((n.name, model), 0) >= k and (n.cores <= 0 or n.cores >= job.cpus)
-            for n in self.nodes
+            if key[0] in self.order:
+                by_node.setdefault(key[0], []).append(key)
+        usable = sorted(
+            (self.order[n], sorted(keys))
+            for n, keys in by_node.items()
+            if self._cores_ok(n, job.cpus)
         )
-        usable = [
-            (n.name, sorted(by_node[n.name]))
-            for n in self.nodes
-            if n.name in by_node and self._cores_ok(n.name, job.cpus)
-        ]
-        if one_node:
-            for _, keys in usable:
+        if self.one_node(model, k, job.cpus):
+            for _, keys in usable:  # the first node in cluster order, as fifo
                 if len(keys) >= k:
                     return tuple(keys[:k])
             return None
