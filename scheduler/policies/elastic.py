@@ -38,6 +38,10 @@ at its ``elastic_min``, is waiting for GPUs the engine added:
   needed for the fit are dropped again, highest S first. One step per job per cycle; if one
   step each is not enough, nobody shrinks this cycle (W waits for jobs to end, and step-ups stay
   blocked). The GPUs W will take are kept from this cycle's step-ups and spares.
+- nobody steps down either while a change of an elastic job of the model is under way whose
+  direction the snapshot does not show (the job holds no more GPUs than its workers): on the
+  live system a step down proposed in an earlier cycle looks like that until the job's next
+  checkpointed window carries it out, and a second round would shrink more jobs than W needs.
 - the explanation names W, its GPUs, the step undone and its S, and the S of the others.
 
 The step down goes through the engine like any change: its measured throughputs are kept, so
@@ -232,6 +236,8 @@ class ElasticPolicy(FifoPolicy):
                     hopeless.add(shape)
                     continue
                 no_growth.setdefault(model, job.id)
+                if any(h.unsettled for h in holders if h.model == model):
+                    break  # a change that may be an earlier step down for it has not landed
                 chosen = self._choose(job, model, cap, [h for h in mine if h.target is not None])
                 if chosen is None:
                     break  # one step each is not enough this cycle
@@ -359,6 +365,15 @@ class _Holder:
     ) -> None:
         self.running, self.job, self.model, self.keys = running, job, model, keys
         self.floor, self.target, self.s = floor, target, s
+
+    @property
+    def unsettled(self) -> bool:
+        """A change is under way whose direction is not known: the job holds no more GPUs than
+        its workers, so it is not a step up warming new GPUs (the simulator holds those at
+        once); on the live system a proposed step down looks like this until it is carried
+        out at the job's next checkpointed window."""
+        el = self.running.elastic
+        return el is not None and el.in_transition and len(self.keys) <= el.workers
 
     @property
     def freed(self) -> list[GpuKey]:
