@@ -9,7 +9,8 @@ engine in ``scheduler.elastic`` decides, with a reason quoting the measured scal
 - ``REPLACE_WORKERS`` (value: the ranks) for persistent stragglers: throughput / median < 0.8
   on an EWMA, replaced by a warmed-up spare (only proposed when an idle GPU of the job's model
   is left after this cycle's placements);
-- ``SET_WORKERS`` (value: ``{"workers_from", "workers", "efficiency", "local_batch"}``) to
+- ``SET_WORKERS`` (value: ``{"workers_from", "workers", "efficiency", "local_batch"}``, and
+  ``"yield_to"``: the waiting job, for a step down for the queue) to
   probe K more or fewer workers, scale up while S > threshold (and, with a utility, marginal
   utility > marginal cost), or fall back to the best point seen. A step up is only proposed
   when enough idle GPUs of the job's model exist (left after this cycle's placements).
@@ -32,10 +33,11 @@ at its ``elastic_min``, is waiting for GPUs the engine added:
 
 - no elastic job steps up onto that model this cycle (it would only have to give the GPUs back);
 - elastic jobs of the model with no change under way step down by K (``step_for``; never below
-  ``elastic_min``), the job whose last step up had the lowest measured S first (its marginal
-  GPUs are worth least to it; unmeasured steps last), until W fits the idle GPUs plus the freed
-  ones (their last ranks, which both executors release); jobs whose GPUs turned out not to be
-  needed for the fit are dropped again, highest S first. One step per job per cycle; if one
+  ``elastic_min``, and only to a count the engine has measured: ``engine.yield_target``), the
+  job whose last step up had the lowest measured S first (its marginal GPUs are worth least to
+  it; a current count not measured yet last), until W fits the idle GPUs plus the freed ones
+  (their last ranks, which both executors release); jobs whose GPUs turned out not to be needed
+  for the fit are dropped again, highest S first. One step per job per cycle; if one
   step each is not enough, nobody shrinks this cycle (W waits for jobs to end, and step-ups stay
   blocked). The GPUs W will take are kept from this cycle's step-ups and spares.
 - nobody steps down either while a change of an elastic job of the model is under way whose
@@ -83,6 +85,11 @@ class ElasticPolicy(FifoPolicy):
             self.config = self._config(int(p["scale_step_workers"]) or 1)
         except (TypeError, ValueError) as exc:
             raise PolicyError(f"policy 'elastic': {exc}") from exc
+        if not isinstance(p["yield_to_queue"], bool):
+            raise PolicyError(
+                f"policy 'elastic': yield_to_queue must be true or false, "
+                f"got {p['yield_to_queue']!r}"
+            )
 
     def _config(self, step: int) -> engine.ElasticConfig:
         p = self.params
@@ -102,7 +109,7 @@ class ElasticPolicy(FifoPolicy):
         actions = list(plan.actions)
         shrinks: dict[str, Action] = {}
         no_growth: dict[str, str] = {}  # GPU model -> the waiting job that keeps it
-        if self.params.get("yield_to_queue", True) and plan.waiting:
+        if self.params["yield_to_queue"] and plan.waiting:
             shrinks, no_growth = self.yield_to_queue(state, plan, taken)
         for running in state.running:
             action = shrinks.get(running.job.id)

@@ -21,6 +21,7 @@ from scheduler.domain import (
     Profile,
     RunningJob,
 )
+from scheduler.policies.base import PolicyError
 from scheduler.policies.registry import build_policy
 from scheduler.simulator import SimConfig, simulate
 from scheduler.simulator.elastic import ElasticModel, load_curve_table
@@ -181,6 +182,8 @@ def test_yield_to_queue_off_keeps_the_grown_jobs():
     plan = plan_of(state, yield_to_queue=False)
     assert shrinks(plan) == {} and "w" in plan.waiting
     assert build_policy("elastic").params["yield_to_queue"] is True
+    with pytest.raises(PolicyError, match="yield_to_queue must be true or false"):
+        build_policy("elastic", {"yield_to_queue": "no"})
 
 
 def test_no_step_down_of_a_job_with_a_change_under_way_and_one_proposal_per_job():
