@@ -466,6 +466,33 @@ def replaced(state: ElasticState, ranks: Sequence[int], note: str = "") -> Elast
     )
 
 
+def measured_step_efficiency(state: ElasticState, lo: int, hi: int) -> float | None:
+    """S of the step ``lo -> hi`` from the measured throughputs (None: either count is not
+    measured, or ``lo >= hi``). The ``elastic`` policy's yield to the queue ranks the jobs it
+    could step down by this: the GPUs of a step with a low S are worth least to their job."""
+    if lo < 1 or hi <= lo:
+        return None
+    r_lo, r_hi = state.throughput_at(lo), state.throughput_at(hi)
+    if r_lo is None or r_hi is None:
+        return None
+    return scaling_efficiency(r_lo, r_hi, lo, hi - lo)
+
+
+def yield_target(state: ElasticState, job: ElasticJob, k: int) -> int | None:
+    """The count a job steps down to when it gives GPUs back to the queue: one step of ``k``,
+    never below the job's minimum, and only to a count the engine has measured (None: no such
+    step). It undoes a step up the engine took, whose S is known, and keeps the walk on its
+    counts (``start ± K``); the count the job started at is not taken from it unless it was
+    measured below. The step goes through ``changed`` like any other: the measured throughputs
+    are kept, so the engine still knows the step back up passed its conditions and asks for
+    it again once GPUs are idle (no measurement says the larger count was bad)."""
+    w = state.workers
+    target = max(job.min_workers, w - max(1, k))
+    if target >= w or state.throughput_at(target) is None:
+        return None
+    return target
+
+
 def begin_transition(state: ElasticState) -> ElasticState:
     """Mark a change or replacement under way (no new decision until it lands)."""
     return replace(state, in_transition=True)

@@ -17,7 +17,9 @@ Modes (every job of a run the same way):
 
 - ``static1``, ``static2``, ``static4``: ``fifo`` with that many GPUs per job, fixed;
 - ``elastic``: the ``elastic`` policy, jobs start at ``start_workers`` (2), bounds 1..8, K = 2,
-  condition 1 only;
+  condition 1 only; it yields to the queue (steps grown jobs down so a waiting job can start);
+- ``elastic_noyield``: the same with ``yield_to_queue`` off (jobs keep what they grew to until
+  they end);
 - ``elastic_value``: the same, each job declaring that an hour sooner is worth
   ``value_per_hour`` GPU-hours (condition 2 weighs each step's GPUs against the time saved);
 - ``elastic_node`` (``clean`` and ``faults``): ``elastic`` with K = the GPUs of the job's node
@@ -181,6 +183,7 @@ def _modes(sc: Elastic002Cluster, variant: str) -> list[tuple[str, str, dict[str
     ]
     bounds = (sc.min_workers, sc.max_workers)
     modes.append(("elastic", "elastic", {"gpus": sc.start_workers, "elastic": bounds}))
+    modes.append(("elastic_noyield", "elastic", {"gpus": sc.start_workers, "elastic": bounds}))
     modes.append(
         (
             "elastic_value",
@@ -228,7 +231,11 @@ def run_elastic002_cluster(
                     jobs = job_specs(sc, draws, batch_factor=factor, **kw)
                     # elastic_node: K = the GPUs of the job's node (the paper's "GPUs per machine")
                     step = 0 if mode == "elastic_node" else sc.scale_step_workers
-                    params = {"scale_step_workers": step} if policy_name == "elastic" else {}
+                    params: dict[str, Any] = {}
+                    if policy_name == "elastic":
+                        params = {"scale_step_workers": step}
+                    if mode == "elastic_noyield":
+                        params["yield_to_queue"] = False
                     policy = build_policy(policy_name, params)
                     result = simulate(
                         cluster, jobs, policy, config=SimConfig(seed=seed, elastic_model=model)

@@ -30,7 +30,9 @@ Execution model (docs/simulator.md has the long version):
   is measuring (none once it converged, until a rank turns straggler). ``SET_WORKERS`` grows
   them onto idle GPUs of their model (warm-up, then a regroup pause) or shrinks them;
   ``REPLACE_WORKERS`` warms a spare that then takes the straggler's place. An action that
-  cannot be applied is skipped and logged in ``SimResult.elastic_events``.
+  cannot be applied is skipped and logged in ``SimResult.elastic_events``. When a step down
+  freed GPUs while jobs wait, the policy is called again at the same instant (the live
+  system's next cycle), so the queue sees them at once.
 """
 
 from __future__ import annotations
@@ -318,6 +320,8 @@ class Simulator:
         self.curve_table: CurveTable | None = None
         self.elastic_events: list[ElasticEvent] = []
         self.reserved: set[tuple[str, int]] = set()  # GPUs the plan being applied places on
+        # An applied step down freed GPUs: with jobs waiting, the policy is called again at once.
+        self.freed_for_queue = False
         self.latencies: list[float] = []
         self.timeline: list[TimelinePoint] = []
         self.samples: list[SlowdownSample] = []
@@ -398,6 +402,10 @@ class Simulator:
                 if trigger:
                     self._call_policy()
                 trigger = self._recompute()
+                if self.freed_for_queue:
+                    # the next cycle of the live system: the queue sees the freed GPUs now
+                    self.freed_for_queue = False
+                    trigger = trigger or bool(self.pending)
                 if not trigger:
                     break
                 rounds += 1
@@ -1044,6 +1052,7 @@ class Simulator:
         if not dp.can_run(target, spread, local):
             return skip(f"no measured throughput at {target} GPUs", target)
         self._hold(job, gpus)
+        self.freed_for_queue = True
         dp.ranks.keep(keep)
         dp.set_group(target, spread, local)
         state = en.changed(dp.state, target)

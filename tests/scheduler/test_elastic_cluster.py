@@ -294,6 +294,7 @@ def test_the_cluster_scenario_compares_elastic_with_static_allocations():
     table = summarize_elastic002_cluster(runs)
     modes = set(table["mode"])
     assert {"static1", "static2", "static4", "elastic", "elastic_value", "replace4"} <= modes
+    assert "elastic_noyield" in modes  # the same policy with yield_to_queue off
     assert all(c == "6 of 6" for c in table["completed"])
     elastic = runs[(runs["mode"] == "elastic") & (runs["variant"] == "clean")].iloc[0]
     assert elastic.scale_changes > 0 and elastic.gpu_h > 0
