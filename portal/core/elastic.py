@@ -372,9 +372,11 @@ def _regroup(job: Job, placement: Placement, change: ElasticChange) -> tuple[Pla
         message=f"regrouped: attempt {attempt} runs {len(new)} ranks on {where} "
         f"({change.summary()}); attempt {placement.attempt}'s ranks are stopped first",
     )
-    from portal.core.outbox import emit_nudges
+    from portal.core.outbox import emit_nudges, emit_schedule
 
     emit_nudges({p.node.name for p in parts} | {n.name for n in nodes}, f"job {job.pk} regrouped")
+    if set(held) - set(new):  # GPUs given back (a shrink, a straggler's): a waiting job may fit
+        emit_schedule(f"job {job.pk} released GPUs at a regroup")
     return successor, ""
 
 

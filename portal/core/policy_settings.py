@@ -288,6 +288,12 @@ _KNOWN: dict[str, ParamSpec] = {
             0,
             1e9,
         ),
+        ParamSpec(
+            "yield_to_queue",
+            BOOL,
+            "elastic: step grown jobs down (lowest measured S first) so a waiting job can start, "
+            "and grow none onto GPUs a waiting job could be given",
+        ),
     )
 }
 

@@ -319,6 +319,9 @@ def test_a_slowed_rank_is_replaced_by_an_idle_spare(alice, client):
     change.refresh_from_db()
     assert change.applied and change.gpus == "g1/0, g1/2"
     assert active_gpus(job) == ["g1/0", "g1/2"]  # rank 1 left the slow GPU for the spare
+    from portal.core.models import OutboxMessage
+
+    assert OutboxMessage.objects.filter(kind="schedule", reason__contains="released GPUs").exists()
     job.refresh_from_db()
     assert job.elastic_state["straggler_ewma"] == [1.0, 1.0]  # a new group starts afresh
     assert not job.elastic_state["in_transition"]
