@@ -29,7 +29,8 @@ and then:
   job); every failed try counts, and a note gives its status;
 - **errors**: API calls that failed for good (a submission out of tries, a cancel that was not
   answered 200) and faults that did not do what they must (a frozen node never marked down, a
-  job cancelled during the Redis outage whose process outlived it). A row with errors is not ok.
+  job cancelled during the Redis outage whose process outlived it). A row with errors, or
+  without a recovery time, is not ok.
 
 Faults: ``scheduler-kill`` (kill -9 of a scheduler worker mid-cycle, restarted), ``agent-kill``
 (kill -9 of the agent running the most jobs, restarted: it adopts them), ``redis-down`` (Redis
