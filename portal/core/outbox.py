@@ -42,6 +42,9 @@ SCHEDULE_TASK = "cosched.schedule_cycle"
 # While this key exists a cycle is queued and has not started: no need to queue another.
 CYCLE_PENDING_KEY = "cosched:cycle-queued"
 CYCLE_PENDING_TTL_S = 30
+# A failed delivery is tried again after FIRST_RETRY_S, then twice as long each time, up to
+# MAX_BACKOFF_S.
+FIRST_RETRY_S = 0.5
 MAX_BACKOFF_S = 30.0
 RELAY_BATCH = 500
 
@@ -94,10 +97,10 @@ def outbox_due() -> bool:
 def outbox_relay(limit: int = RELAY_BATCH) -> int:
     """Deliver the due messages (oldest first, at most ``limit``); returns how many went out.
 
-    A message whose delivery fails stays, with a growing delay (up to ``MAX_BACKOFF_S``); the
-    rest of its kind waits for the next relay. Safe to run in several processes at once: rows
-    are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED`` where the database has it, and a
-    duplicate delivery is harmless anyway."""
+    A message whose delivery fails stays, with a growing delay (``FIRST_RETRY_S``, doubling up
+    to ``MAX_BACKOFF_S``); the rest of its kind waits for the next relay. Safe to run in several
+    processes at once: rows are claimed with ``SELECT ... FOR UPDATE SKIP LOCKED`` where the
+    database has it, and a duplicate delivery is harmless anyway."""
     # Where rows can be claimed (SKIP LOCKED), relays run in parallel; elsewhere (SQLite: one
     # process) one at a time.
     serial = not connection.features.has_select_for_update_skip_locked
@@ -116,7 +119,7 @@ def outbox_relay(limit: int = RELAY_BATCH) -> int:
                 OutboxMessage.objects.filter(pk__in=delivered).delete()
             now = timezone.now()
             for row, error in failed:
-                delay = min(MAX_BACKOFF_S, 0.5 * 2**row.tries)
+                delay = min(MAX_BACKOFF_S, FIRST_RETRY_S * 2**row.tries)
                 OutboxMessage.objects.filter(pk=row.pk).update(
                     tries=row.tries + 1,
                     next_try_at=now + timedelta(seconds=delay),

@@ -28,6 +28,11 @@ from tests.browser.helpers import artifact_name, login, screenshot, wait_for
 
 __all__ = ["browser", "login", "screenshot", "wait_for"]
 
+if os.environ.get("CI") == "true":
+    # The test modules ``importorskip`` selenium, which would skip every browser test without a
+    # word; in CI a missing selenium is a broken set-up (collection fails here instead).
+    import selenium  # noqa: F401
+
 CHROMIUM = os.environ.get("COSCHED_CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("COSCHED_CHROMEDRIVER", "/usr/bin/chromedriver")
 CHROMIUM_FLAGS = (

@@ -23,7 +23,14 @@ and then:
 - **stuck**: a job not finished when the batch's deadline passed;
 - **unrecorded**: an attempt that started but whose outcome no agent ever reported;
 - **restarts**: attempts beyond the first (a job stopped by a fault and run again; allowed);
-- **recover s**: from the end of the fault to a probe job submitted then reaching RUNNING.
+- **recover s**: from the end of the fault to a probe job submitted then reaching RUNNING;
+- **retried**: submissions the API refused (non-2xx) or left unanswered (timeout, connection
+  cut), each tried again with the same ``Idempotency-Key`` (so a retry never makes a second
+  job); every failed try counts, and a note gives its status;
+- **errors**: API calls that failed for good (a submission out of tries, a cancel that was not
+  answered 200) and faults that did not do what they must (a frozen node never marked down, a
+  job cancelled during the Redis outage whose process outlived it). A row with errors, or
+  without a recovery time, is not ok.
 
 Faults: ``scheduler-kill`` (kill -9 of a scheduler worker mid-cycle, restarted), ``agent-kill``
 (kill -9 of the agent running the most jobs, restarted: it adopts them), ``redis-down`` (Redis
@@ -50,6 +57,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -69,6 +77,9 @@ ALL_FAULTS = (
 )
 AGENTS = {"chaos-gpu-1": "TitanXpx2", "chaos-gpu-2": "TitanXpx2", "chaos-cpu": None}
 CYCLE_MARKER = "cosched:cycle-queued"  # portal.core.outbox.CYCLE_PENDING_KEY (no Django here)
+SUBMIT_TRIES = 5  # a refused or unanswered submission is tried again, after 0.5, 1, 2, 4 s
+SUBMIT_BACKOFF_S = 0.5
+API_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -334,16 +345,24 @@ class Stack:
 
     # -- the portal, as a client ---------------------------------------------------------------
 
-    def api(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    def api(
+        self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None
+    ) -> tuple[int | None, Any]:
+        """(HTTP status, decoded body); the status is None when no answer came (a timeout, a
+        refused or cut connection), the body then says why."""
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.url + path, data=data, method=method)
         request.add_header("Authorization", f"Token {self.token}")
         request.add_header("Content-Type", "application/json")
+        for name, value in (headers or {}).items():
+            request.add_header(name, value)
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=API_TIMEOUT_S) as response:
                 return response.status, json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()[:500].decode(errors="replace")
+        except (OSError, ValueError) as exc:  # URLError, TimeoutError, a reset; a cut body
+            return None, f"no answer: {type(exc).__name__}: {exc}"
 
     def query(self, sql: str, params: Any = ()) -> list[tuple]:
         import psycopg
@@ -367,7 +386,9 @@ class Stack:
             return {}
         return dict(self.query("SELECT id, state FROM core_job WHERE id = ANY(%s)", [ids]))
 
-    def submit(self, name: str, gpus: int, seconds: float) -> int:
+    def submit(self, name: str, gpus: int, seconds: float) -> Submission:
+        """Submit a job through the API, trying again (same ``Idempotency-Key``) after a refusal
+        or no answer, up to ``SUBMIT_TRIES`` times. Every answer is in the result."""
         command = (
             f"d={self.effects}/$COSCHED_JOB_ID; mkdir -p $d; "
             "date +%s.%N > $d/start.$COSCHED_ATTEMPT.$$; "
@@ -377,10 +398,34 @@ class Stack:
         body: dict[str, Any] = {"name": name, "command": command, "gpus": gpus, "cpus": 1}
         if gpus:
             body["gpu_memory_mb"] = 1000
-        code, data = self.api("POST", "/api/v1/jobs/", body)
-        if code != 201:
-            raise RuntimeError(f"submit {name}: HTTP {code}: {data}")
-        return int(data["id"])
+        headers = {"Idempotency-Key": f"chaos-{uuid.uuid4()}"}
+        done = Submission(name)
+        for attempt in range(SUBMIT_TRIES):
+            if attempt:
+                time.sleep(SUBMIT_BACKOFF_S * 2 ** (attempt - 1))
+            code, data = self.api("POST", "/api/v1/jobs/", body, headers)
+            done.answers.append(code)
+            # 201 created; 200: a retry whose first try had created the job (its answer lost).
+            if code in (200, 201) and isinstance(data, dict) and "id" in data:
+                done.job = int(data["id"])
+                return done
+            done.errors.append(f"HTTP {code}: {data}" if code is not None else str(data))
+        return done
+
+
+@dataclass
+class Submission:
+    """How one submission went: every answer (None: none came) and the job, if one was made."""
+
+    name: str
+    job: int | None = None
+    answers: list[int | None] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # why each failed try failed
+
+    @property
+    def retried(self) -> int:
+        """Failed tries that were tried again (the last try, failed or not, is not one)."""
+        return max(0, len(self.answers) - 1)
 
 
 # --- the watcher --------------------------------------------------------------------------------
@@ -464,11 +509,36 @@ class Row:
     unrecorded: int = 0
     restarts: int = 0
     recover_s: float | None = None
+    retried: int = 0
+    errors: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.twice or self.concurrent or self.stuck or self.unrecorded)
+        return not (
+            self.lost
+            or self.twice
+            or self.concurrent
+            or self.stuck
+            or self.unrecorded
+            or self.errors
+            or self.recover_s is None
+        )
+
+    def error(self, note: str) -> None:
+        """Something that must not happen and is none of the other columns."""
+        self.errors += 1
+        self.notes.append(f"ERROR: {note}")
+
+    def count(self, done: Submission) -> int | None:
+        """Book one submission: its failed tries as retried (with their answers), and a
+        submission out of tries as an error. Returns the job, if one was made."""
+        self.retried += done.retried
+        if done.job is None:
+            self.error(f"submit {done.name} failed {len(done.answers)} times: {done.errors[-1]}")
+        elif done.retried:
+            self.notes.append(f"submit {done.name} retried after {'; '.join(done.errors)}")
+        return done.job
 
 
 class Fault:
@@ -482,6 +552,14 @@ class Fault:
         self.row = Row(name)
         self.ids: list[int] = []
         self.cancelled: set[int] = set()
+        self.maybe_cancelled: set[int] = set()  # a cancel that got no answer: either end is fine
+
+    def submit(self, name: str, gpus: int, seconds: float) -> int | None:
+        """Submit (``Stack.submit``) and book how it went in the row; the job, or None."""
+        job = self.row.count(self.stack.submit(name, gpus, seconds))
+        if job is not None:
+            self.ids.append(job)
+        return job
 
     def submit_batch(self, count: int, tag: str = "") -> list[int]:
         """``count`` jobs, every other one on a GPU; every fourth one outlives the lease, so a
@@ -489,8 +567,9 @@ class Fault:
         ids = []
         for i in range(count):
             seconds = self.cfg.job_s * (1 if i % 4 else 3)
-            ids.append(self.stack.submit(f"{self.name}{tag}-{i}", gpus=i % 2, seconds=seconds))
-        self.ids += ids
+            job = self.submit(f"{self.name}{tag}-{i}", gpus=i % 2, seconds=seconds)
+            if job is not None:
+                ids.append(job)
         return ids
 
     def running(self) -> list[int]:
@@ -507,8 +586,9 @@ class Fault:
 
     def probe(self) -> float:
         """Seconds from a submission now to its RUNNING (the live path works again)."""
-        job = self.stack.submit(f"{self.name}-probe", gpus=0, seconds=0.5)
-        self.ids.append(job)
+        job = self.submit(f"{self.name}-probe", gpus=0, seconds=0.5)
+        if job is None:
+            raise RuntimeError(f"{self.name}: the probe job could not be submitted")
         started = time.monotonic()
         wait_for(
             lambda: self.stack.states([job]).get(job) in ("RUNNING", "COMPLETED"),
@@ -561,10 +641,12 @@ class Fault:
             effects = self.stack.effects / str(job)
             starts = sorted(effects.glob("start.*")) if effects.exists() else []
             ends = sorted(effects.glob("end.*")) if effects.exists() else []
-            expected = "CANCELLED" if job in self.cancelled else "COMPLETED"
+            expected = {"CANCELLED"} if job in self.cancelled else {"COMPLETED"}
+            if job in self.maybe_cancelled:
+                expected = {"CANCELLED", "COMPLETED"}
             if state not in ("COMPLETED", "FAILED", "CANCELLED"):
                 row.stuck += 1
-            elif state != expected or (state == "COMPLETED" and not ends):
+            elif state not in expected or (state == "COMPLETED" and not ends):
                 row.lost += 1
                 row.notes.append(f"job {job} {state} with {len(ends)} end records")
             if len(ends) > 1:
@@ -631,7 +713,7 @@ class Fault:
         agent = self.stack.procs[f"agent-{name}"]
         agent.signal(signal.SIGSTOP)
         self.row.notes.append(f"SIGSTOP of {name}'s agent for {self.cfg.freeze_s:.0f} s")
-        with contextlib.suppress(TimeoutError):
+        try:
             wait_for(
                 lambda: (
                     self.stack.query("SELECT status FROM core_node WHERE name = %s", [name])[0][0]
@@ -640,6 +722,8 @@ class Fault:
                 self.cfg.freeze_s,
                 "the frozen node to be marked down",
             )
+        except TimeoutError:
+            self.row.error(f"{name} was not marked down in the {self.cfg.freeze_s:.0f} s freeze")
         time.sleep(max(0.0, self.cfg.freeze_s - self.cfg.lease_s - self.cfg.margin_s))
         agent.signal(signal.SIGCONT)
 
@@ -647,21 +731,34 @@ class Fault:
         redis = self.stack.procs["redis"]
         redis.kill9()
         began = time.monotonic()
-        codes = []
-        extra = self.stack.submit(f"{self.name}-during", gpus=0, seconds=self.cfg.job_s)
-        self.ids.append(extra)
-        codes.append(201)
+        # Every answer, in order: a submission tried again shows each try.
+        done = self.stack.submit(f"{self.name}-during", gpus=0, seconds=self.cfg.job_s)
+        codes: list[int | None] = list(done.answers)
+        extra = self.row.count(done)
+        if extra is not None:
+            self.ids.append(extra)
         victim = next(iter(self.running()), None)
-        if victim is not None:
-            code, _ = self.stack.api("POST", f"/api/v1/jobs/{victim}/cancel/")
+        if victim is None:
+            self.row.error("no job was running to cancel during the outage")
+        else:
+            code, data = self.stack.api("POST", f"/api/v1/jobs/{victim}/cancel/")
             codes.append(code)
             if code == 200:
                 self.cancelled.add(victim)
                 killed_in = self._gone(victim, self.cfg.redis_down_s)
-                self.row.notes.append(
-                    "cancel during the outage: HTTP 200, process gone after "
-                    + (f"{killed_in:.1f} s" if killed_in is not None else "never (Redis down)")
-                )
+                if killed_in is None:
+                    self.row.error(
+                        f"cancelled job {victim}'s process outlived the outage "
+                        f"({self.cfg.redis_down_s:g} s; the agents' HTTP syncs should stop it)"
+                    )
+                else:
+                    self.row.notes.append(
+                        f"cancel during the outage: HTTP 200, process gone after {killed_in:.1f} s"
+                    )
+            else:
+                if code is None:  # it may have been applied: either end is right
+                    self.maybe_cancelled.add(victim)
+                self.row.error(f"cancel of job {victim} during the outage: {code}: {data}")
         self.row.notes.append(f"submit/cancel while Redis was down: HTTP {codes}")
         time.sleep(max(0.0, self.cfg.redis_down_s - (time.monotonic() - began)))
         redis.start()  # back, and empty
@@ -687,8 +784,9 @@ class Fault:
         began = time.monotonic()
         late = []
         for i in range(self.cfg.jobs):
-            late.append(self.stack.submit(f"{self.name}-late-{i}", gpus=0, seconds=self.cfg.job_s))
-        self.ids += late
+            job = self.submit(f"{self.name}-late-{i}", gpus=0, seconds=self.cfg.job_s)
+            if job is not None:
+                late.append(job)
         cuts = 0
 
         def all_running() -> float | bool:
@@ -768,7 +866,8 @@ def run(quick: bool = False, faults: tuple[str, ...] | None = None) -> list[Row]
 
 HEADER = (
     f"{'fault':<18} {'jobs':>4} {'lost':>4} {'twice':>5} {'concurrent':>10} {'stuck':>5} "
-    f"{'unrecorded':>10} {'restarts':>8} {'recover s':>9}  notes"
+    f"{'unrecorded':>10} {'restarts':>8} {'recover s':>9} {'retried':>7} {'errors':>6}  "
+    f"{'ok':<4}  notes"
 )
 
 
@@ -776,7 +875,8 @@ def format_row(row: Row) -> str:
     recover = f"{row.recover_s:.1f}" if row.recover_s is not None else "-"
     return (
         f"{row.fault:<18} {row.jobs:>4} {row.lost:>4} {row.twice:>5} {row.concurrent:>10} "
-        f"{row.stuck:>5} {row.unrecorded:>10} {row.restarts:>8} {recover:>9}  "
+        f"{row.stuck:>5} {row.unrecorded:>10} {row.restarts:>8} {recover:>9} "
+        f"{row.retried:>7} {row.errors:>6}  {'ok' if row.ok else 'FAIL':<4}  "
         + "; ".join(row.notes)
     )
 
@@ -798,8 +898,14 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER)
     for row in rows:
         print(format_row(row))
-    print(f"total {time.monotonic() - started:.0f} s")
-    return 0 if all(r.ok for r in rows) else 1
+    failed = [r.fault for r in rows if not r.ok]
+    retried = sum(r.retried for r in rows)
+    print(
+        f"total {time.monotonic() - started:.0f} s; "
+        + (f"FAILED: {', '.join(failed)}" if failed else "every fault ok")
+        + f"; {sum(r.errors for r in rows)} errors, {retried} submissions retried"
+    )
+    return 0 if rows and not failed else 1
 
 
 if __name__ == "__main__":

@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import timedelta
 
 import pytest
 import redis
 from django.db import transaction
+from django.utils import timezone
 
 from portal.core import outbox, services
 from portal.core.models import Job, Node, OutboxMessage, Placement, PlacementPart
@@ -36,10 +38,17 @@ def broker(settings):
     client.flushdb()
 
 
+# The first retry of a failed delivery while the broker is down, in these tests: long enough that
+# no retry falls due during a test however loaded the machine is (the default, 0.5 s, did on a
+# loaded CI machine, and a message was tried twice).
+FIRST_RETRY_S = 20.0
+
+
 @pytest.fixture
-def broker_down(settings):
+def broker_down(settings, monkeypatch):
     """Redis is down: the broker, and the cache holding the API's rate-limit counters (the
     deployment's backend, as portal.settings configures it with REDIS_URL)."""
+    monkeypatch.setattr(outbox, "FIRST_RETRY_S", FIRST_RETRY_S)
     settings.REDIS_URL = DOWN_URL
     settings.CELERY_TASK_ALWAYS_EAGER = False
     settings.CACHES = {
@@ -72,19 +81,24 @@ def test_the_relay_queues_one_cycle_for_a_burst_and_publishes_nudges(alice, brok
     for i in range(5):
         services.job_submit(alice, name=f"j{i}", command="true")
     outbox.emit_nudges({"gpu-1", "gpu-2"}, "test")
-    listener = broker.pubsub(ignore_subscribe_messages=True)
+    listener = broker.pubsub()
     listener.subscribe(nudge_channel("gpu-1"))
-    time.sleep(0.05)
+    # Subscribed before the nudge goes out (Redis confirms it), however slow the machine is.
+    deadline = time.monotonic() + 10
+    reply = None
+    while reply is None and time.monotonic() < deadline:
+        reply = listener.get_message(timeout=0.5)
+    assert reply is not None and reply["type"] == "subscribe"
 
     assert outbox.outbox_relay() == 7
     assert not OutboxMessage.objects.exists()
     tasks = _queued_tasks(broker)
     assert [t["task"] for t in tasks] == ["cosched.schedule_cycle"]
     assert broker.exists(outbox.CYCLE_PENDING_KEY)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 10
     message = None
     while message is None and time.monotonic() < deadline:
-        message = listener.get_message(timeout=0.5)  # None for the subscription's own reply
+        message = listener.get_message(timeout=0.5)
     assert message is not None and message["data"] == b"sync"
 
     # A cycle is queued and has not started: later changes ride on it.
@@ -99,12 +113,24 @@ def test_the_relay_queues_one_cycle_for_a_burst_and_publishes_nudges(alice, brok
 
 def test_a_down_broker_keeps_the_messages_and_they_go_when_it_is_back(alice, broker_down, settings):
     services.job_submit(alice, name="a", command="true")
+    before = timezone.now()
     assert outbox.outbox_relay() == 0
+    after = timezone.now()
     row = OutboxMessage.objects.get()
     assert row.tries == 1 and "Error" in row.last_error
-    assert row.next_try_at > row.created_at  # backs off
+    # Backs off: due again FIRST_RETRY_S after the failure.
+    first_retry = timedelta(seconds=FIRST_RETRY_S)
+    assert before + first_retry <= row.next_try_at <= after + first_retry
     assert outbox.outbox_relay() == 0  # not due yet: not even tried
     assert OutboxMessage.objects.get().tries == 1
+    # Due again and failing again: the delay doubles.
+    OutboxMessage.objects.update(next_try_at=timezone.now())
+    before = timezone.now()
+    assert outbox.outbox_relay() == 0
+    after = timezone.now()
+    row = OutboxMessage.objects.get()
+    second_retry = timedelta(seconds=min(outbox.MAX_BACKOFF_S, 2 * FIRST_RETRY_S))
+    assert row.tries == 2 and before + second_retry <= row.next_try_at <= after + second_retry
 
     client = redis.Redis.from_url(REDIS_URL)
     client.flushdb()

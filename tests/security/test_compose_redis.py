@@ -4,6 +4,7 @@ node agents' user able to subscribe to nudges and nothing else."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import socket
@@ -31,8 +32,11 @@ def _interpolate(text: str) -> str:
 def compose_redis(tmp_path):
     server = shutil.which("redis-server")
     if server is None:
-        pytest.skip("no redis-server binary on this machine (the compose file is checked in "
-                    "tests/portal/test_deployment.py)")  # fmt: skip
+        reason = ("no redis-server binary on this machine (the compose file is checked in "
+                  "tests/portal/test_deployment.py)")  # fmt: skip
+        if os.environ.get("CI") == "true":  # CI starts redis-server (.ci/run): a broken set-up
+            pytest.fail(f"CI=true: {reason}", pytrace=False)
+        pytest.skip(reason)
     service = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["redis"]
     argv = [_interpolate(a) for a in service["command"]]
     with socket.socket() as s:
