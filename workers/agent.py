@@ -1106,8 +1106,11 @@ def marker_for(state_dir: Path) -> str:
 
 
 def master_port(spec: AttemptSpec) -> int:
-    """``MASTER_PORT`` of an attempt: from its job id and attempt number, so the next attempt of
-    a regrouped job does not find the last one's port in TIME_WAIT (29500-30499)."""
+    """``MASTER_PORT`` of an attempt: the portal's choice (unique among the attempts whose rank
+    0 is on that node, ``portal.core.ports``); from a portal that sends none, one derived from
+    the job id and attempt number (29500-30499)."""
+    if spec.master_port is not None:
+        return spec.master_port
     return 29500 + (spec.job_id % 100) * 10 + spec.attempt % 10
 
 

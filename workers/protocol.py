@@ -288,6 +288,12 @@ class GangPart:
         )
 
 
+def _read_port(value: int | None, path: str) -> int | None:
+    if value is not None and not 1024 <= value <= 65535:
+        raise ProtocolError(f"{path}.master_port: {value} is not a port from 1024 to 65535")
+    return value
+
+
 def _read_index(value: Any, path: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 4096:
         raise ProtocolError(f"{path}: expected a GPU index, got {value!r}")
@@ -332,6 +338,7 @@ class AttemptSpec:
     memory_mb: int | None = None  # the job's memory (per node), for its cgroup
     time_limit_s: float | None = None
     process_per_gpu: bool = False
+    master_port: int | None = None  # MASTER_PORT of a multi-process attempt (chosen by the portal)
 
     @property
     def key(self) -> AttemptKey:
@@ -383,6 +390,7 @@ class AttemptSpec:
             "memory_mb": self.memory_mb,
             "time_limit_s": self.time_limit_s,
             "process_per_gpu": self.process_per_gpu,
+            "master_port": self.master_port,
         }
 
     @classmethod
@@ -424,6 +432,7 @@ class AttemptSpec:
             memory_mb=r.int("memory_mb", required=False, minimum=1),
             time_limit_s=limit,
             process_per_gpu=r.bool("process_per_gpu"),
+            master_port=_read_port(r.int("master_port", required=False), path),
         )
 
 

@@ -49,6 +49,7 @@ from portal.core import adapters
 from portal.core.models import TIME_LIMIT_REASON, Gpu, Job, Node, Placement, PlacementPart
 from portal.core.nodes import lease_kill_grace_s, lease_s, node_register
 from portal.core.outbox import emit_nudges, emit_schedule, outbox_due, outbox_relay
+from portal.core.ports import master_port_assign
 from portal.core.services import job_note, job_transition
 from portal.core.states import PLACED, IllegalTransition, JobState
 from portal.core.training import training_env
@@ -505,6 +506,8 @@ def _spec(
     if not launch:
         # It runs: the agent has its spec on disk and needs only the pause flag.
         return AttemptSpec(launch=False, command="", **common)
+    if len(parts) > 1 or common["process_per_gpu"]:
+        common["master_port"] = master_port_assign(placement)
     profile = None
     if job.profile_id is not None:
         profile = profile_payload(adapters.profile_to_domain(job.profile))

@@ -439,12 +439,23 @@ class Placement(models.Model):
     released_at = models.DateTimeField(null=True, blank=True, help_text="the attempt ended")
     outcome = models.CharField(max_length=16, choices=Outcome.choices, blank=True)
     end_reason = models.TextField(blank=True)
+    master_port = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="MASTER_PORT of a multi-process attempt, unique among the active attempts "
+        "whose rank 0 is on the same node (portal.core.ports)",
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [
             models.UniqueConstraint(
                 fields=["job"], condition=Q(active=True), name="one_active_placement_per_job"
+            ),
+            models.UniqueConstraint(
+                fields=["node", "master_port"],
+                condition=Q(active=True, master_port__isnull=False),
+                name="one_master_port_per_node",
             ),
             models.UniqueConstraint(fields=["job", "attempt"], name="placement_job_attempt"),
         ]
