@@ -225,6 +225,9 @@ COSCHED = {
     # SIGTERM, then SIGKILL this many seconds later, when a node stops a job that was preempted,
     # requeued or cancelled, or that ran past its time limit: the job's time to checkpoint.
     "STOP_GRACE_S": envfloat("COSCHED_STOP_GRACE_S", 10.0),
+    # A job's checkpoint directory (COSCHED_CHECKPOINT_DIR) is deleted by the nodes this many
+    # seconds after the job ended (docs/preemption.md); a negative value keeps them for ever.
+    "CHECKPOINT_KEEP_S": envfloat("COSCHED_CHECKPOINT_KEEP_S", 7 * 24 * 3600.0),
     # Prometheus /metrics (docs/metrics.md): a scrape passes with this bearer token, or from an
     # address in one of these networks (comma-separated addresses or CIDRs; loopback default).
     "METRICS_TOKEN": envstr("COSCHED_METRICS_TOKEN"),

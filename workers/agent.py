@@ -283,6 +283,10 @@ class NodeAgent:
         self._lock_fd: int | None = None
         self._samples: list[Sample] = []
         self._last_full = -float("inf")  # monotonic s of the last sync that carried samples
+        # How often the node lists the checkpoint directories it keeps for the portal to say
+        # which may go (SyncRequest.checkpoints; ended jobs' after COSCHED_CHECKPOINT_KEEP_S).
+        self.checkpoint_report_every_s = 600.0
+        self._last_checkpoint_report = -float("inf")
         self._last_sample = -float("inf")
         self._send_info = True
         self._started = False
@@ -483,10 +487,16 @@ class NodeAgent:
             size = _size(a.log_path)
             if size != a.tail_size and not light and a.spec.node_rank == 0:
                 tails.append(LogTail(a.job_id, a.spec.attempt, tail(a.log_path, LOG_TAIL_BYTES)))
+        checkpoints: tuple[int, ...] = ()
+        due = time.monotonic() - self._last_checkpoint_report >= self.checkpoint_report_every_s
+        if not light and due:
+            self._last_checkpoint_report = time.monotonic()
+            checkpoints = self.idle_checkpoints()
         self._seq = max(self._seq + 1, int(time.time() * 1000))
         with contextlib.suppress(OSError):
             runner_files.write_json(self.seq_file, {"seq": self._seq})
         return SyncRequest(
+            checkpoints=checkpoints,
             node=self.name,
             instance=self.instance,
             seq=self._seq,
@@ -552,7 +562,38 @@ class NodeAgent:
             a = self._attempts.get(key)
             if a is not None and a.result is not None:
                 self._forget(a)
+        self._drop_checkpoints(reply.drop_checkpoints)
         return reply
+
+    # --- checkpoints ------------------------------------------------------------------------------
+
+    def _live_jobs(self) -> set[int]:
+        return {a.job_id for a in self._attempts.values() if a.result is None}
+
+    def idle_checkpoints(self, limit: int = 1000) -> tuple[int, ...]:
+        """Jobs whose checkpoint directory is under the checkpoint root and of which this node
+        runs no attempt (at most ``limit``, lowest ids first)."""
+        live = self._live_jobs()
+        found = []
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.checkpoint_root):
+                name, _, number = entry.name.partition("-")
+                if name != "job" or not number.isdigit() or int(number) < 1:
+                    continue
+                if int(number) not in live and entry.is_dir(follow_symlinks=False):
+                    found.append(int(number))
+        return tuple(sorted(found)[:limit])
+
+    def _drop_checkpoints(self, job_ids: tuple[int, ...]) -> None:
+        """Delete the checkpoint directories the portal says may go (not of a job running
+        here: the portal's answer may be older than a launch)."""
+        live = self._live_jobs()
+        for job_id in job_ids:
+            path = self.checkpoint_dir(job_id)
+            if job_id in live or not path.is_dir() or path.is_symlink():
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            log.info("%s: deleted the checkpoint directory of job %s (%s)", self.name, job_id, path)
 
     def _write_lease(self, deadline: float, grace_s: float) -> None:
         runner_files.write_json(

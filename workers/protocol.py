@@ -288,6 +288,12 @@ class GangPart:
         )
 
 
+def _read_job_id(value: Any, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
+        raise ProtocolError(f"{path}: expected a job id, got {value!r}")
+    return value
+
+
 def _read_port(value: int | None, path: str) -> int | None:
     if value is not None and not 1024 <= value <= 65535:
         raise ProtocolError(f"{path}.master_port: {value} is not a port from 1024 to 65535")
@@ -627,7 +633,9 @@ class SyncRequest:
     ``instance`` is random per agent process (the portal notes restarts); ``seq`` orders the
     node's requests (see the module docstring); ``running`` lists every attempt the agent runs,
     ``results`` every ended one not yet acknowledged; ``info`` is sent by a new process and
-    whenever the portal asks (``SyncReply.send_info``)."""
+    whenever the portal asks (``SyncReply.send_info``). ``checkpoints``: now and then, the jobs
+    whose checkpoint directory the node keeps and of which it runs no attempt (the portal says
+    which may go: ``SyncReply.drop_checkpoints``)."""
 
     node: str
     instance: str
@@ -638,6 +646,7 @@ class SyncRequest:
     samples: tuple[Sample, ...] = ()
     log_tails: tuple[LogTail, ...] = ()
     info: NodeInfo | None = None
+    checkpoints: tuple[int, ...] = ()
     version: int = PROTOCOL_VERSION
 
     def to_json(self) -> str:
@@ -653,6 +662,7 @@ class SyncRequest:
                 "results": [a.to_dict() for a in self.results],
                 "samples": [s.to_list() for s in self.samples],
                 "log_tails": [t.to_dict() for t in self.log_tails],
+                "checkpoints": list(self.checkpoints),
             }
         )
 
@@ -674,6 +684,7 @@ class SyncRequest:
             results=tuple(r.list("results", AttemptResult.read)),
             samples=tuple(r.list("samples", Sample.read)),
             log_tails=tuple(r.list("log_tails", LogTail.read)),
+            checkpoints=tuple(r.list("checkpoints", _read_job_id)),
         )
 
 
@@ -688,7 +699,8 @@ class SyncReply:
     node (yet): sync again with ``info``; nothing else in the reply counts then.
     ``stop_grace_s``: between SIGTERM and SIGKILL when the agent stops an attempt that is not
     desired any more (preempted, requeued, cancelled) and when one runs past its time limit, so
-    the job can checkpoint.
+    the job can checkpoint. ``drop_checkpoints``: of the request's ``checkpoints``, the jobs
+    whose checkpoint directory may be deleted (ended long enough ago, or unknown).
     """
 
     node: str
@@ -700,6 +712,7 @@ class SyncReply:
     send_info: bool = False
     resync_from: int | None = None
     stop_grace_s: float = DEFAULT_STOP_GRACE_S
+    drop_checkpoints: tuple[int, ...] = ()
     version: int = PROTOCOL_VERSION
 
     @property
@@ -720,6 +733,7 @@ class SyncReply:
                 "send_info": self.send_info,
                 "resync_from": self.resync_from,
                 "stop_grace_s": self.stop_grace_s,
+                "drop_checkpoints": list(self.drop_checkpoints),
             }
         )
 
@@ -744,6 +758,7 @@ class SyncReply:
             send_info=r.bool("send_info"),
             resync_from=r.int("resync_from", required=False, minimum=1),
             stop_grace_s=max(0.0, grace if grace is not None else DEFAULT_STOP_GRACE_S),
+            drop_checkpoints=tuple(r.list("drop_checkpoints", _read_job_id)),
         )
 
 

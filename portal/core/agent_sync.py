@@ -51,7 +51,7 @@ from portal.core.nodes import lease_kill_grace_s, lease_s, node_register
 from portal.core.outbox import emit_nudges, emit_schedule, outbox_due, outbox_relay
 from portal.core.ports import master_port_assign
 from portal.core.services import job_note, job_transition
-from portal.core.states import PLACED, IllegalTransition, JobState
+from portal.core.states import PLACED, TERMINAL, IllegalTransition, JobState
 from portal.core.training import training_env
 from workers.protocol import (
     AttemptKey,
@@ -128,7 +128,30 @@ def agent_sync(request: SyncRequest) -> SyncReply:
         acked = _apply_reports(node, request, now, effects)
         desired = _desired(node, now)
     _after(node, effects)
-    return _reply(node.name, acked=tuple(acked), desired=tuple(desired))
+    return _reply(
+        node.name,
+        acked=tuple(acked),
+        desired=tuple(desired),
+        drop_checkpoints=checkpoints_to_drop(request.checkpoints, now),
+    )
+
+
+def checkpoints_to_drop(job_ids: tuple[int, ...], now: datetime) -> tuple[int, ...]:
+    """Of the jobs whose checkpoint directory a node keeps (and runs no attempt of), those it
+    may delete: ended at least ``COSCHED_CHECKPOINT_KEEP_S`` ago, or no longer known (deleted).
+    A job still pending or running keeps its checkpoint: it may resume from it."""
+    keep_s = float(settings.COSCHED.get("CHECKPOINT_KEEP_S", 7 * 24 * 3600.0))
+    if not job_ids or keep_s < 0:
+        return ()
+    ids = set(job_ids)
+    known = dict(Job.objects.filter(pk__in=ids).values_list("pk", "finished_at"))
+    cutoff = now - timedelta(seconds=keep_s)
+    ended = set(
+        Job.objects.filter(pk__in=ids, state__in=list(TERMINAL))
+        .filter(Q(finished_at__lte=cutoff) | Q(finished_at__isnull=True))
+        .values_list("pk", flat=True)
+    )
+    return tuple(sorted((ids - set(known)) | ended))
 
 
 def agent_report_results(report: ResultReport) -> ResultAck:
