@@ -4,16 +4,19 @@ Authenticated by the attempt's job token (``Authorization: Bearer cjt_...``, fro
 ``COSCHED_JOB_TOKEN``), never by a user's session or API token. JSON errors: 400 with one
 message per bad field (``{"errors": {field: message}}``, nothing written), 401 a missing,
 malformed or forged token, 403 the token of an attempt that is no longer running, 413 a body
-over 64 KB. See ``portal.core.training``.
+over 64 KB, 429 (with ``Retry-After``) past ``COSCHED_THROTTLE_JOB`` requests of one attempt
+(default 1200 a minute, over both SDK endpoints). See ``portal.core.training``.
 """
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
+from rest_framework.throttling import SimpleRateThrottle
 
 from portal.core.models import Placement
 from portal.core.training import ReportError, TokenError, job_token_placement, training_report
@@ -26,6 +29,26 @@ def _error(status: int, message: str) -> JsonResponse:
     if status == 401:
         response["WWW-Authenticate"] = "Bearer"
     return response
+
+
+class JobAttemptThrottle(SimpleRateThrottle):
+    """``DEFAULT_THROTTLE_RATES["job"]`` per running attempt: a job (or a runaway loop in it)
+    cannot flood the portal through the training endpoints; DRF's throttle machinery on the
+    shared cache, used from these plain views."""
+
+    scope = "job"
+
+    def __init__(self, placement_id: int) -> None:
+        self.placement_id = placement_id
+        super().__init__()
+
+    def get_rate(self) -> str | None:
+        from rest_framework.settings import api_settings  # read now: settings may change
+
+        return api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)
+
+    def get_cache_key(self, request: Any, view: Any) -> str:
+        return self.cache_format % {"scope": self.scope, "ident": f"attempt-{self.placement_id}"}
 
 
 def read_job_request(
@@ -48,6 +71,12 @@ def read_job_request(
         placement = job_token_placement(key.strip())
     except TokenError as exc:
         return _error(exc.status, str(exc))
+    throttle = JobAttemptThrottle(placement.pk)
+    if not throttle.allow_request(request, None):
+        wait = throttle.wait() or 1.0
+        response = _error(429, f"too many requests from this attempt; retry in {wait:.0f} s")
+        response["Retry-After"] = str(max(1, int(wait + 0.999)))
+        return response
     try:
         data = json.loads(request.body or b"{}")
     except (ValueError, UnicodeDecodeError):

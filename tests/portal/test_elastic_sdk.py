@@ -99,3 +99,25 @@ def test_bad_windows_and_bad_tokens_are_refused(live_server, job):
     assert not ElasticChange.objects.exists()
     job.refresh_from_db()
     assert job.elastic_state == {}
+
+
+def test_an_attempt_that_reports_too_often_is_told_to_slow_down(live_server, job, settings):
+    from django.core.cache import cache
+
+    cache.clear()
+    settings.REST_FRAMEWORK = {
+        **settings.REST_FRAMEWORK,
+        "DEFAULT_THROTTLE_RATES": {
+            **settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"],
+            "job": "3/min",
+        },
+    }
+    env = {"COSCHED_API_URL": live_server.url, "COSCHED_JOB_TOKEN": job_token(job.pk, 1)}
+    client = TrainingClient(environ=env)
+    for _ in range(3):
+        assert client.report_window(2, 10, 0.5, [1.0, 1.0], 1000.0) is not None
+    assert client.report_window(2, 10, 0.5, [1.0, 1.0], 990.0) is None
+    assert client.last_error.startswith("429") and "retry in" in client.last_error
+    assert client.enabled  # only slowed down, not cut off
+    job.refresh_from_db()
+    assert job.elastic_state["measured"][0][2] == 2  # the refused window was not counted
