@@ -160,7 +160,7 @@ REST_FRAMEWORK = {
         "anon": envstr("COSCHED_THROTTLE_ANON", "60/min"),
         "user": envstr("COSCHED_THROTTLE_USER", "2400/min"),
         "token": envstr("COSCHED_THROTTLE_TOKEN", "1200/min"),
-        # The training SDK's endpoints, per running attempt (its job token): portal.core.training_views
+        # The training SDK's endpoints, per running attempt (portal.core.training_views)
         "job": envstr("COSCHED_THROTTLE_JOB", "1200/min"),
     },
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
