@@ -47,7 +47,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Protocol, TypeVar
 
 from workers.profiles import profile_to_json as profile_payload  # noqa: F401  (part of the contract)
@@ -233,6 +233,25 @@ def _dump(payload: dict[str, Any]) -> str:
     return json.dumps(payload, separators=(",", ":"), allow_nan=False)
 
 
+def message_dict(message: Any) -> dict[str, Any]:
+    """A message's JSON object: its dataclass fields by name, nested messages as their own
+    objects (``Sample`` as its compact list), tuples as lists, mappings as objects. Reading
+    back, with validation, is each message's own ``read`` / ``from_json``."""
+    return {f.name: _plain(getattr(message, f.name)) for f in fields(message)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Sample):
+        return value.to_list()
+    if is_dataclass(value) and not isinstance(value, type):
+        return message_dict(value)
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
 # --- messages -------------------------------------------------------------------------------------
 
 
@@ -247,7 +266,7 @@ class AttemptKey:
         return f"{self.job_id}.{self.attempt}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "attempt": self.attempt}
+        return message_dict(self)
 
     @classmethod
     def read(cls, data: Any, path: str) -> AttemptKey:
@@ -268,13 +287,7 @@ class GangPart:
     address: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "node": self.node,
-            "node_rank": self.node_rank,
-            "gpu_indices": list(self.gpu_indices),
-            "cpus": self.cpus,
-            "address": self.address,
-        }
+        return message_dict(self)
 
     @classmethod
     def read(cls, data: Any, path: str) -> GangPart:
@@ -374,30 +387,7 @@ class AttemptSpec:
         return len(self.parts) > 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "attempt": self.attempt,
-            "launch": self.launch,
-            "paused": self.paused,
-            "command": self.command,
-            "parts": [p.to_dict() for p in self.parts],
-            "node_rank": self.node_rank,
-            "mode": self.mode,
-            "mps_percentage": self.mps_percentage,
-            "mig_profile": self.mig_profile,
-            "gpu_model": self.gpu_model,
-            "env": dict(self.env),
-            "profile": None if self.profile is None else dict(self.profile),
-            "job_name": self.job_name,
-            "job_kind": self.job_kind,
-            "job_type": self.job_type,
-            "gpu_memory_mb": self.gpu_memory_mb,
-            "owner": self.owner,
-            "memory_mb": self.memory_mb,
-            "time_limit_s": self.time_limit_s,
-            "process_per_gpu": self.process_per_gpu,
-            "master_port": self.master_port,
-        }
+        return message_dict(self)
 
     @classmethod
     def read(cls, data: Any, path: str) -> AttemptSpec:
@@ -460,13 +450,7 @@ class RunningAttempt:
         return AttemptKey(self.job_id, self.attempt)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "attempt": self.attempt,
-            "state": self.state,
-            "started_at": self.started_at,
-            "pid": self.pid,
-        }
+        return message_dict(self)
 
     @classmethod
     def read(cls, data: Any, path: str) -> RunningAttempt:
@@ -504,16 +488,7 @@ class AttemptResult:
         return self.outcome == "exited" and self.exit_code == 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "job_id": self.job_id,
-            "attempt": self.attempt,
-            "outcome": self.outcome,
-            "ended_at": self.ended_at,
-            "exit_code": self.exit_code,
-            "detail": self.detail,
-            "started_at": self.started_at,
-            "log_tail": self.log_tail,
-        }
+        return message_dict(self)
 
     @classmethod
     def read(cls, data: Any, path: str) -> AttemptResult:
@@ -570,7 +545,7 @@ class LogTail:
     text: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "attempt": self.attempt, "text": self.text}
+        return message_dict(self)
 
     @classmethod
     def read(cls, data: Any, path: str) -> LogTail:
@@ -596,14 +571,7 @@ class NodeInfo:
     address: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "cores": self.cores,
-            "memory_mb": self.memory_mb,
-            "backend": self.backend,
-            "gpus": [dict(g) for g in self.gpus],
-            "address": self.address,
-        }
+        return message_dict(self)
 
     @classmethod
     def read(cls, data: Any, path: str) -> NodeInfo:
@@ -650,21 +618,7 @@ class SyncRequest:
     version: int = PROTOCOL_VERSION
 
     def to_json(self) -> str:
-        return _dump(
-            {
-                "version": self.version,
-                "node": self.node,
-                "instance": self.instance,
-                "seq": self.seq,
-                "sent_at": self.sent_at,
-                "info": None if self.info is None else self.info.to_dict(),
-                "running": [a.to_dict() for a in self.running],
-                "results": [a.to_dict() for a in self.results],
-                "samples": [s.to_list() for s in self.samples],
-                "log_tails": [t.to_dict() for t in self.log_tails],
-                "checkpoints": list(self.checkpoints),
-            }
-        )
+        return _dump(message_dict(self))
 
     @classmethod
     def from_json(cls, data: bytes | str | Mapping[str, Any]) -> SyncRequest:
@@ -721,21 +675,7 @@ class SyncReply:
         return not self.send_info and self.resync_from is None
 
     def to_json(self) -> str:
-        return _dump(
-            {
-                "version": self.version,
-                "node": self.node,
-                "lease_s": self.lease_s,
-                "lease_kill_grace_s": self.lease_kill_grace_s,
-                "sync_interval_s": self.sync_interval_s,
-                "acked": [k.to_dict() for k in self.acked],
-                "desired": [a.to_dict() for a in self.desired],
-                "send_info": self.send_info,
-                "resync_from": self.resync_from,
-                "stop_grace_s": self.stop_grace_s,
-                "drop_checkpoints": list(self.drop_checkpoints),
-            }
-        )
+        return _dump(message_dict(self))
 
     @classmethod
     def from_json(cls, data: bytes | str | Mapping[str, Any]) -> SyncReply:
@@ -774,13 +714,7 @@ class ResultReport:
     version: int = PROTOCOL_VERSION
 
     def to_json(self) -> str:
-        return _dump(
-            {
-                "version": self.version,
-                "node": self.node,
-                "results": [a.to_dict() for a in self.results],
-            }
-        )
+        return _dump(message_dict(self))
 
     @classmethod
     def from_json(cls, data: bytes | str | Mapping[str, Any]) -> ResultReport:
@@ -802,7 +736,7 @@ class ResultAck:
     version: int = PROTOCOL_VERSION
 
     def to_json(self) -> str:
-        return _dump({"version": self.version, "acked": [k.to_dict() for k in self.acked]})
+        return _dump(message_dict(self))
 
     @classmethod
     def from_json(cls, data: bytes | str | Mapping[str, Any]) -> ResultAck:
