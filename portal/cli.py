@@ -312,6 +312,8 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
         rows.append(("exit code", job["exit_code"]))
     if job.get("failure_reason"):
         rows.append(("failure", job["failure_reason"]))
+    if job.get("elastic_min_workers") is not None:
+        rows.append(("elastic", _elastic_text(job)))
     placement = job.get("placement")
     if placement:
         indices = ",".join(str(g) for g in placement.get("gpus") or [])
@@ -327,6 +329,31 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
         if placement.get("explanation"):
             rows.append(("why", placement["explanation"]))
     return [f"{label:<11} {value}" for label, value in rows]
+
+
+def _elastic_text(job: dict[str, Any]) -> str:
+    """``1..4 workers, now 3 (attempt 4); 3 changes, last: 4 -> 3 workers (S=0.05): applied``."""
+    text = f"{job['elastic_min_workers']}..{job.get('elastic_max_workers')} workers"
+    current = [a for a in job.get("attempts") or [] if a.get("active")]
+    if current:
+        text += f", now {len(current[0].get('gpus') or [])} (attempt {current[0].get('attempt')})"
+    changes = job.get("elastic_changes") or []
+    if changes:
+        last = changes[-1]
+        if last.get("kind") == "replace":
+            what = "replace rank(s) " + ", ".join(str(r) for r in last.get("ranks") or [])
+        else:
+            what = f"{last.get('workers_from')} -> {last.get('workers_to')} workers"
+            if last.get("efficiency") is not None:
+                what += f" (S={last['efficiency']:.2f})"
+        if last.get("applied"):
+            status = "applied"
+        elif last.get("refused"):
+            status = f"not applied: {last['refused']}"
+        else:
+            status = "proposed"
+        text += f"; {len(changes)} change{'s' * (len(changes) != 1)}, last: {what}: {status}"
+    return text
 
 
 def _limit_text(seconds: Any) -> str:

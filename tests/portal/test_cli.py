@@ -470,3 +470,33 @@ def test_submit_wait_and_logs_against_the_server(server, alice, tmp_path):
     assert followed.err.endswith(f"job {job_id} COMPLETED\n")
     again = run_cli("submit", str(job_file), "--wait", url=server.url, token=server.key)
     assert again.code == 0 and f"Job {job_id} COMPLETED (exit code 0)" in again.out
+
+
+def test_status_of_an_elastic_job_names_its_range_current_count_and_last_change():
+    from portal.cli import _job_lines
+
+    job = {
+        "id": 9,
+        "name": "el",
+        "state": "RUNNING",
+        "gpus": 1,
+        "elastic_min_workers": 1,
+        "elastic_max_workers": 4,
+        "attempts": [
+            {"attempt": 1, "active": False, "gpus": ["a/0"]},
+            {"attempt": 2, "active": True, "gpus": ["a/0", "a/1", "b/0"]},
+        ],
+        "elastic_changes": [
+            {"kind": "scale", "workers_from": 1, "workers_to": 3, "efficiency": 0.9,
+             "applied": True, "refused": ""},
+            {"kind": "scale", "workers_from": 3, "workers_to": 4, "efficiency": None,
+             "applied": False, "refused": "only 0 idle V100 GPU(s), 1 needed"},
+        ],
+    }  # fmt: skip
+    line = next(text for text in _job_lines(job) if text.startswith("elastic"))
+    assert line == (
+        "elastic     1..4 workers, now 3 (attempt 2); 2 changes, last: 3 -> 4 workers: "
+        "not applied: only 0 idle V100 GPU(s), 1 needed"
+    )
+    plain = {k: v for k, v in job.items() if not k.startswith("elastic")}
+    assert not any(text.startswith("elastic") for text in _job_lines(plain))
