@@ -329,6 +329,7 @@ def test_a_slowed_rank_is_replaced_by_an_idle_spare(alice, client):
     html = client.get(f"/jobs/{job.pk}/").content.decode()
     assert "applied: attempt 2 on g1/0, g1/2" in html[html.index('id="elastic-changes"') :]
     assert "Regrouped (elastic)" in html  # attempt 1 in the attempts table
+    assert "to start with (elastic" in html
 
 
 def test_a_change_without_the_gpus_it_needs_is_refused_and_the_engine_goes_on(alice, bob):
