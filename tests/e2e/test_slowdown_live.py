@@ -22,8 +22,8 @@ from tests.e2e.conftest import wait_for
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 NODE = "e2e-dr"
-T = 5.0  # seconds: solo times T, 2T, 3T
-ITERATIONS, EPOCHS = 40, 10
+T = 8.0  # seconds: solo times T, 2T, 3T
+ITERATIONS, EPOCHS = 48, 16
 
 
 @pytest.fixture(scope="module")
