@@ -498,6 +498,23 @@ def begin_transition(state: ElasticState) -> ElasticState:
     return replace(state, in_transition=True)
 
 
+def end_transition(state: ElasticState) -> ElasticState:
+    """The change under way could not be carried out (no GPU for it, the job was placed
+    again): nothing changed, and the engine decides afresh."""
+    return replace(state, in_transition=False)
+
+
+def regrouped(
+    state: ElasticState, workers: int, replaced_ranks: Sequence[int] = ()
+) -> ElasticState:
+    """The state after the job's ranks were stopped and started again as a new group of
+    ``workers`` (how the live system carries out a change): measured as after ``changed``, or
+    ``replaced`` for ``replaced_ranks``; every straggler average starts again at 1, since the
+    new group numbers its ranks afresh."""
+    after = replaced(state, replaced_ranks) if replaced_ranks else changed(state, workers)
+    return replace(after, straggler_ewma=(1.0,) * after.workers)
+
+
 # --------------------------------------------------------------------------------------------
 # Storage (the live system keeps the state as JSON on the job row)
 

@@ -143,15 +143,14 @@ def checkpoints_to_drop(job_ids: tuple[int, ...], now: datetime) -> tuple[int, .
     keep_s = float(settings.COSCHED.get("CHECKPOINT_KEEP_S", 7 * 24 * 3600.0))
     if not job_ids or keep_s < 0:
         return ()
-    ids = set(job_ids)
-    known = dict(Job.objects.filter(pk__in=ids).values_list("pk", "finished_at"))
     cutoff = now - timedelta(seconds=keep_s)
-    ended = set(
-        Job.objects.filter(pk__in=ids, state__in=list(TERMINAL))
-        .filter(Q(finished_at__lte=cutoff) | Q(finished_at__isnull=True))
+    keep = set(
+        Job.objects.filter(pk__in=set(job_ids))
+        .exclude(state__in=list(TERMINAL), finished_at__lte=cutoff)
+        .exclude(state__in=list(TERMINAL), finished_at__isnull=True)
         .values_list("pk", flat=True)
     )
-    return tuple(sorted((ids - set(known)) | ended))
+    return tuple(sorted(set(job_ids) - keep))
 
 
 def agent_report_results(report: ResultReport) -> ResultAck:
@@ -372,15 +371,9 @@ def _record_running(node: Node, part: PlacementPart, report: RunningAttempt, now
     if updates:
         PlacementPart.objects.filter(pk=part.pk).update(**updates)
     placement = part.placement
-    if (
-        not first
-        or not placement.active
-        or placement.job.state
-        not in (
-            JobState.SCHEDULED,
-            JobState.RUNNING,
-        )
-    ):
+    if not first or not placement.active:
+        return
+    if placement.job.state not in (JobState.SCHEDULED, JobState.RUNNING):
         return
     parts = list(placement.parts.select_related("node").order_by("node_rank"))
     if any(p.started_at is None and p.pk != part.pk for p in parts):

@@ -18,13 +18,13 @@ workers when the group changes.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
 
-from portal.core.models import ElasticChange, Gpu, Job, JobEvent, Placement, PlacementPart
+from portal.core.models import ElasticChange, Gpu, Job, Placement, PlacementPart
+from portal.core.services import job_note
 from portal.core.states import JobState
 from scheduler import elastic as engine
 from scheduler.domain import Action, ActionKind
@@ -63,12 +63,8 @@ def elastic_change_propose(job_id: int, action: Action, *, actor: str) -> Elasti
         change.save()
         job.elastic_state = engine.state_to_dict(engine.begin_transition(state))
         job.save(update_fields=["elastic_state"])
-        JobEvent.objects.create(
-            job=job,
-            from_state=job.state,
-            to_state=job.state,
-            actor=actor,
-            message=f"{action.policy}: {change.summary()}: {action.explanation}",
+        job_note(
+            job, actor=actor, message=f"{action.policy}: {change.summary()}: {action.explanation}"
         )
     return change
 
@@ -208,7 +204,7 @@ def elastic_window_report(
         pending = job.elastic_changes.filter(applied=False, refused="").order_by("-id").first()
         if pending is not None and placement is not None and pending.at < placement.created_at:
             _refuse(job, pending, "the job was placed again before it could be applied")
-            state, pending = dataclasses.replace(state, in_transition=False), None
+            state, pending = engine.end_transition(state), None
         window = engine.Window(
             workers,
             batches,
@@ -223,11 +219,9 @@ def elastic_window_report(
             regroup, refusal = _regroup(job, placement, pending)
             if regroup is None:
                 _refuse(job, pending, refusal)
-                state = dataclasses.replace(state, in_transition=False)
-            elif pending.kind == ElasticChange.Kind.SCALE:
-                state = _fresh_ranks(engine.changed(state, pending.workers_to))
+                state = engine.end_transition(state)
             else:
-                state = _fresh_ranks(engine.replaced(state, pending.ranks or []))
+                state = engine.regrouped(state, pending.workers_to, pending.ranks or [])
         elif pending is None and engine.decide(state, spec, config).kind != "hold":
             # a decision is due: run a cycle now rather than at the next periodic one
             from portal.core.outbox import emit_schedule
@@ -254,21 +248,10 @@ def elastic_window_report(
     }
 
 
-def _fresh_ranks(state: engine.ElasticState) -> engine.ElasticState:
-    """A new group numbers its ranks afresh: every straggler average starts again at 1."""
-    return dataclasses.replace(state, straggler_ewma=(1.0,) * state.workers)
-
-
 def _refuse(job: Job, change: ElasticChange, why: str) -> None:
     change.refused = why[:500]
     change.save(update_fields=["refused"])
-    JobEvent.objects.create(
-        job=job,
-        from_state=job.state,
-        to_state=job.state,
-        actor="elastic",
-        message=f"{change.summary()} not applied: {why}",
-    )
+    job_note(job, actor="elastic", message=f"{change.summary()} not applied: {why}")
 
 
 def _regroup(job: Job, placement: Placement, change: ElasticChange) -> tuple[Placement | None, str]:
@@ -327,9 +310,7 @@ def _regroup(job: Job, placement: Placement, change: ElasticChange) -> tuple[Pla
         if gpu.node not in nodes:
             nodes.append(gpu.node)
     now = timezone.now()
-    attempt = (
-        Placement.objects.filter(job=job).order_by("-attempt").first() or placement
-    ).attempt + 1
+    attempt = placement.attempt + 1  # the active attempt is the job's latest
     where = ", ".join(f"{g.node.name}/{g.index}" for g in new)
     Placement.objects.filter(pk=placement.pk).update(
         active=False,
@@ -364,10 +345,8 @@ def _regroup(job: Job, placement: Placement, change: ElasticChange) -> tuple[Pla
     change.attempt = attempt
     change.gpus = where[:2000]
     change.save(update_fields=["applied", "attempt", "gpus"])
-    JobEvent.objects.create(
-        job=job,
-        from_state=job.state,
-        to_state=job.state,
+    job_note(
+        job,
         actor="elastic",
         message=f"regrouped: attempt {attempt} runs {len(new)} ranks on {where} "
         f"({change.summary()}); attempt {placement.attempt}'s ranks are stopped first",

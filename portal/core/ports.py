@@ -29,15 +29,15 @@ def master_port_assign(placement: Placement) -> int:
             node_id=placement.node_id, active=True, master_port__isnull=False
         ).values_list("master_port", flat=True)
     )
-    previous = set(
-        Placement.objects.filter(job_id=placement.job_id, master_port__isnull=False)
-        .exclude(pk=placement.pk)
+    last = (
+        Placement.objects.filter(job_id=placement.job_id, attempt=placement.attempt - 1)
         .values_list("master_port", flat=True)
+        .first()
     )
     start = (placement.job_id * 37 + placement.attempt * 7) % PORT_COUNT
     for step in range(PORT_COUNT):
         port = PORT_BASE + (start + step) % PORT_COUNT
-        if port in in_use or (port in previous and len(previous) < PORT_COUNT // 2):
+        if port in in_use or port == last:
             continue
         try:
             with transaction.atomic():

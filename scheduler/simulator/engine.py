@@ -319,6 +319,7 @@ class Simulator:
         self.elastic_model = self.config.elastic_model or ElasticModel()
         self.curve_table: CurveTable | None = None
         self.elastic_events: list[ElasticEvent] = []
+        self._step_k: dict[tuple[str, str], int] = {}  # the policy's K per (job, first node)
         self.reserved: set[tuple[str, int]] = set()  # GPUs the plan being applied places on
         # An applied step down freed GPUs: with jobs waiting, the policy is called again at once.
         self.freed_for_queue = False
@@ -882,13 +883,18 @@ class Simulator:
         step_for = getattr(self.policy, "step_for", None)
         rj = self.rj.get(job.spec.id)
         if callable(step_for) and rj is not None:
-            state = ClusterState(
-                now_s=self.now, nodes=self._nodes_snapshot(), pending=(), running=()
-            )
-            try:
-                k = int(step_for(rj, state))
-            except (KeyError, TypeError, ValueError):
-                return cfg
+            # K depends on the job's first node only: asked once per (job, node), not at
+            # every window (a snapshot of every node each time)
+            key = (job.spec.id, rj.placement.node)
+            k = self._step_k.get(key)
+            if k is None:
+                state = ClusterState(
+                    now_s=self.now, nodes=self._nodes_snapshot(), pending=(), running=()
+                )
+                try:
+                    k = self._step_k[key] = int(step_for(rj, state))
+                except (KeyError, TypeError, ValueError):
+                    return cfg
             if k >= 1 and k != cfg.scale_step_workers:
                 return replace(cfg, scale_step_workers=k)
         return cfg
