@@ -46,6 +46,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from portal.core import adapters
+from portal.core.elastic import attempt_time_limit_s, regrouped_run_s
 from portal.core.models import TIME_LIMIT_REASON, Gpu, Job, Node, Placement, PlacementPart
 from portal.core.nodes import lease_kill_grace_s, lease_s, node_register
 from portal.core.outbox import emit_nudges, emit_schedule, outbox_due, outbox_relay
@@ -53,6 +54,7 @@ from portal.core.ports import master_port_assign
 from portal.core.services import job_note, job_transition
 from portal.core.states import PLACED, TERMINAL, IllegalTransition, JobState
 from portal.core.training import training_env
+from scheduler.durations import format_duration
 from workers.protocol import (
     AttemptKey,
     AttemptResult,
@@ -288,7 +290,11 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
     if not won:
         return  # recorded already: a repeat (the acknowledgement was lost)
     placement = part.placement
-    job = Job.objects.filter(pk=placement.job_id).only("id", "state", "name").first()
+    job = (
+        Job.objects.filter(pk=placement.job_id)
+        .only("id", "state", "name", "time_limit_s", "elastic_min_workers")
+        .first()
+    )
     if job is None:
         return
     actor = f"node:{node.name}"
@@ -319,7 +325,7 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
             actor,
             f"{result.detail} on {node.name}{rank}",
             exit_code=result.exit_code,
-            failure_reason=_time_limit_reason(result.detail) + rank,
+            failure_reason=_time_limit_reason(job, placement.attempt, result.detail) + rank,
         )
     elif result.outcome == "launch_failed":
         _finish(
@@ -331,8 +337,17 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
     emit_schedule(f"job {job.pk} finished")
 
 
-def _time_limit_reason(detail: str) -> str:
-    """``Job.failure_reason`` of a job stopped at its time limit: it begins "time limit"."""
+def _time_limit_reason(job: Job, attempt: int, detail: str) -> str:
+    """``Job.failure_reason`` of a job stopped at its time limit: it begins "time limit". The
+    runner knows only its attempt's share of an elastic job's limit; the reason names the
+    job's limit and the regrouped attempts it was counted over."""
+    _, regrouped = regrouped_run_s(job.pk, attempt) if job.elastic_min_workers else (0.0, 0)
+    if regrouped and job.time_limit_s:
+        return (
+            f"{TIME_LIMIT_REASON} {format_duration(job.time_limit_s)} reached over attempts "
+            f"{attempt - regrouped}-{attempt} (an elastic job's regroups do not restart it): "
+            "the runner stopped the job"
+        )
     if detail.startswith(TIME_LIMIT_REASON):
         return detail
     return f"{TIME_LIMIT_REASON}: {detail}"
@@ -545,7 +560,7 @@ def _spec(
         gpu_memory_mb=float(job.gpu_memory_mb) if job.gpu_memory_mb else None,
         owner=job.owner.get_username(),  # the node maps it to a unix account (isolation)
         memory_mb=job.memory_mb or None,
-        time_limit_s=float(job.time_limit_s) if job.time_limit_s else None,
+        time_limit_s=attempt_time_limit_s(job, placement.attempt),
         env=training_env(job.pk, placement.attempt),
         **common,
     )

@@ -28,6 +28,7 @@ from portal.core.services import job_note
 from portal.core.states import JobState
 from scheduler import elastic as engine
 from scheduler.domain import Action, ActionKind
+from scheduler.durations import format_duration
 
 
 def elastic_change_propose(job_id: int, action: Action, *, actor: str) -> ElasticChange | None:
@@ -311,6 +312,15 @@ def _regroup(job: Job, placement: Placement, change: ElasticChange) -> tuple[Pla
             nodes.append(gpu.node)
     now = timezone.now()
     attempt = placement.attempt + 1  # the active attempt is the job's latest
+    if job.time_limit_s:
+        used, _ = regrouped_run_s(job.pk, placement.attempt)
+        if placement.started_at is not None:
+            used += (now - placement.started_at).total_seconds()
+        if used >= job.time_limit_s:
+            return None, (
+                f"the job's time limit ({format_duration(job.time_limit_s)}, counted across "
+                f"its regroups) is reached"
+            )
     where = ", ".join(f"{g.node.name}/{g.index}" for g in new)
     Placement.objects.filter(pk=placement.pk).update(
         active=False,
@@ -357,6 +367,41 @@ def _regroup(job: Job, placement: Placement, change: ElasticChange) -> tuple[Pla
     if set(held) - set(new):  # GPUs given back (a shrink, a straggler's): a waiting job may fit
         emit_schedule(f"job {job.pk} released GPUs at a regroup")
     return successor, ""
+
+
+def regrouped_run_s(job_id: int, attempt: int) -> tuple[float, int]:
+    """Seconds the job ran in the regrouped attempts just before ``attempt``, and how many
+    there were. A regroup is no restart: one run of an elastic job is the unbroken chain of
+    attempts that ended *regrouped*, and its time limit counts that whole chain (wall time from
+    each attempt's start to its regroup, pauses included). An attempt that ended otherwise
+    (requeued, preempted) starts a new run, as for every job."""
+    total, count = 0.0, 0
+    rows = (
+        Placement.objects.filter(job_id=job_id, attempt__lt=attempt)
+        .order_by("-attempt")
+        .values_list("outcome", "started_at", "released_at")
+    )
+    for outcome, started, released in rows:
+        if outcome != Placement.Outcome.REGROUPED:
+            break
+        count += 1
+        if started is not None and released is not None:
+            total += max(0.0, (released - started).total_seconds())
+    return total, count
+
+
+def attempt_time_limit_s(job: Job, attempt: int) -> float | None:
+    """The time limit the runner enforces for ``attempt`` of ``job``: the job's limit less what
+    the regrouped attempts before it ran (``regrouped_run_s``); None when the job has none. At
+    least one second: a group started with nothing left stops at once with outcome
+    ``time_limit`` (``_regroup`` refuses a regroup past the limit, so this is a race's floor)."""
+    if not job.time_limit_s:
+        return None
+    limit = float(job.time_limit_s)
+    if job.elastic_min_workers is None or attempt <= 1:
+        return limit
+    used, _ = regrouped_run_s(job.pk, attempt)
+    return max(1.0, limit - used)
 
 
 def _active_config() -> engine.ElasticConfig:

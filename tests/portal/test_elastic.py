@@ -404,3 +404,70 @@ def test_a_due_decision_asks_for_a_cycle_at_once(alice):
     assert not OutboxMessage.objects.filter(kind="schedule").exists()  # still measuring
     report(job, 1, 10.0)  # 20 mini-batches, one window measured: probe 2 is due
     assert OutboxMessage.objects.filter(kind="schedule", reason__contains="elastic").exists()
+
+
+def test_a_regroup_does_not_restart_the_time_limit(alice):
+    """The time limit counts one run of an elastic job across its regroups: the next group
+    gets what is left, a regroup past the limit is refused, and the reason names the chain."""
+    import time
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.core.agent_sync import agent_sync
+    from workers.protocol import AttemptResult, NodeInfo, RunningAttempt, SyncRequest
+
+    gpus = tuple({"index": i, "model": "V100", "memory_mb": 16384} for i in range(3))
+    info = NodeInfo(kind="gpu", cores=8, memory_mb=1024, backend="virtual", gpus=gpus)
+    seq = iter(range(1, 100))
+
+    def sync(**fields):
+        return agent_sync(
+            SyncRequest(node="g1", instance="t", seq=next(seq), sent_at=time.time(), **fields)
+        )
+
+    sync(info=info)
+    node = Node.objects.get(name="g1")
+    job = Job.objects.create(
+        owner=alice, name="elastic", command="true", gpus=1, gpu_memory_mb=4000,
+        elastic_min_workers=1, elastic_max_workers=3, time_limit_s=600,
+        elastic_state=measured_state(1, 10.0),
+    )  # fmt: skip
+    job_transition(job, JobState.SCHEDULED, actor="t")
+    first = Placement.objects.create(job=job, attempt=1, node=node, gpu_memory_mb=4000, policy="t")
+    first.gpus.set([node.gpus.get(index=0)])
+    PlacementPart.objects.create(placement=first, node=node, gpu_indices=[0])
+    assert [a.time_limit_s for a in sync().desired] == [600.0]
+    sync(running=(RunningAttempt(job.pk, 1, "running", time.time(), 4242),))
+    job.refresh_from_db()
+    assert job.state == "RUNNING"
+    # attempt 1 has run 200 s when the job grows to 2 workers
+    Placement.objects.filter(pk=first.pk).update(started_at=timezone.now() - timedelta(seconds=200))
+
+    def grow(to: int) -> dict:
+        action = Action(
+            ActionKind.SET_WORKERS, str(job.pk), "elastic", f"probe {to}",
+            value={"workers_from": to - 1, "workers": to, "efficiency": None, "local_batch": None},
+        )  # fmt: skip
+        assert elastic_change_propose(job.pk, action, actor="scheduler") is not None
+        return report(job, to - 1, 10.0, checkpointed=True)
+
+    assert grow(2)["regroup"]
+    sync(results=(AttemptResult(job.pk, 1, "killed", time.time(), -15, "regrouped"),))
+    (spec,) = [a for a in sync().desired if a.attempt == 2]
+    assert 395 <= spec.time_limit_s <= 400  # 600 s less attempt 1's 200 s
+    sync(running=(RunningAttempt(job.pk, 2, "running", time.time(), 4243),))
+    # attempt 2 has run 450 s: 650 s in all, past the limit: no new group
+    second = job.placements.get(attempt=2)
+    Placement.objects.filter(pk=second.pk).update(
+        started_at=timezone.now() - timedelta(seconds=450)
+    )
+    assert not grow(3)["regroup"]
+    refused = ElasticChange.objects.get(job=job, workers_to=3).refused
+    assert refused == "the job's time limit (00:10:00, counted across its regroups) is reached"
+    # the runner stops attempt 2 at its share: the reason names the job's limit and the chain
+    detail = "time limit 00:06:40 reached: the runner stopped the job (killed by SIGTERM)"
+    sync(results=(AttemptResult(job.pk, 2, "time_limit", time.time(), -15, detail),))
+    job.refresh_from_db()
+    assert job.state == "FAILED" and job.end_label == "time limit"
+    assert job.failure_reason.startswith("time limit 00:10:00 reached over attempts 1-2")
