@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from portal.core.models import ElasticChange, Gpu, Job, Placement, PlacementPart
@@ -293,6 +294,12 @@ def _regroup(job: Job, placement: Placement, change: ElasticChange) -> tuple[Pla
             need = target - len(held)
             if len(idle) < need:
                 return None, f"only {len(idle)} idle {model} GPU(s), {need} needed"
+            late = _waiting_since(change, model, job.pk, len(idle) - need)
+            if late is not None:
+                return None, (
+                    f"job {late} started waiting for {model} GPUs after this step up was "
+                    f"proposed and would not fit beside it; the policy decides again with it"
+                )
             new = held + idle[:need]
         else:
             new = held[:target]  # the last ranks leave; rank 0 stays
@@ -367,6 +374,32 @@ def _regroup(job: Job, placement: Placement, change: ElasticChange) -> tuple[Pla
     if set(held) - set(new):  # GPUs given back (a shrink, a straggler's): a waiting job may fit
         emit_schedule(f"job {job.pk} released GPUs at a regroup")
     return successor, ""
+
+
+def _waiting_since(change: ElasticChange, model: str, job_id: int, left: int) -> int | None:
+    """A job that started waiting for GPUs after ``change`` (a step up) was proposed and needs
+    more than the ``left`` idle ``model`` GPUs the step up would leave (None: none). The policy
+    proposed the step up without it in view (its yield to the queue keeps step-ups off a
+    model a job waits for); carried out now, the step up would take the GPUs it waits for."""
+    late = (
+        Job.objects.filter(state=JobState.PENDING, gpus__gt=left)
+        .exclude(pk=job_id)
+        .filter(
+            Q(submitted_at__gt=change.at)
+            | Q(events__to_state=JobState.PENDING, events__at__gt=change.at)
+        )
+        .select_related("profile")
+        .prefetch_related("profile__gpu_times")
+        .distinct()
+        .order_by("pk")
+    )
+    for waiting in late:
+        times = {} if waiting.profile is None else {
+            t.gpu_model: t.time_s for t in waiting.profile.gpu_times.all()
+        }  # fmt: skip
+        if not times or times.get(model, 0) > 0:  # it may run on this model
+            return waiting.pk
+    return None
 
 
 def regrouped_run_s(job_id: int, attempt: int) -> tuple[float, int]:

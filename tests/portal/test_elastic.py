@@ -471,3 +471,42 @@ def test_a_regroup_does_not_restart_the_time_limit(alice):
     job.refresh_from_db()
     assert job.state == "FAILED" and job.end_label == "time limit"
     assert job.failure_reason.startswith("time limit 00:10:00 reached over attempts 1-2")
+
+
+def test_a_step_up_gives_way_to_a_job_that_started_waiting_after_it_was_proposed(alice, bob):
+    job = running_elastic_job(alice, gpus=1, node_gpus=4)  # 3 idle V100
+    job.elastic_state = measured_state(1, 10.0)
+    job.save()
+    early = Job.objects.create(owner=bob, name="early", command="true", gpus=2)  # seen by it
+
+    def propose(to: int) -> ElasticChange:
+        action = Action(
+            ActionKind.SET_WORKERS, str(job.pk), "elastic", f"probe {to}",
+            value={"workers_from": len(active_gpus(job)), "workers": to,
+                   "efficiency": None, "local_batch": None},
+        )  # fmt: skip
+        change = elastic_change_propose(job.pk, action, actor="scheduler")
+        assert change is not None
+        return change
+
+    change = propose(3)
+    one = Job.objects.create(owner=bob, name="one", command="true", gpus=1)  # fits beside it
+    assert report(job, 1, 10.0, checkpointed=True)["regroup"]  # neither blocks the step up
+    change.refresh_from_db()
+    assert change.applied and len(active_gpus(job)) == 3
+    assert early.state == one.state == "PENDING"
+    Job.objects.filter(pk__in=[early.pk, one.pk]).delete()
+
+    job.refresh_from_db()
+    change = propose(4)
+    late = Job.objects.create(owner=bob, name="late", command="true", gpus=1)
+    reply = report(job, 3, 10.0, checkpointed=True)
+    assert not reply["regroup"] and len(active_gpus(job)) == 3
+    change.refresh_from_db()
+    assert not change.applied
+    assert change.refused == (
+        f"job {late.pk} started waiting for V100 GPUs after this step up was proposed and "
+        "would not fit beside it; the policy decides again with it"
+    )
+    job.refresh_from_db()
+    assert not job.elastic_state["in_transition"]  # the engine goes on
