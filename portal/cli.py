@@ -340,12 +340,7 @@ def _elastic_text(job: dict[str, Any]) -> str:
     changes = job.get("elastic_changes") or []
     if changes:
         last = changes[-1]
-        if last.get("kind") == "replace":
-            what = "replace rank(s) " + ", ".join(str(r) for r in last.get("ranks") or [])
-        else:
-            what = f"{last.get('workers_from')} -> {last.get('workers_to')} workers"
-            if last.get("efficiency") is not None:
-                what += f" (S={last['efficiency']:.2f})"
+        what = last.get("summary") or "a change"  # ElasticChange.summary(), as the page shows
         if last.get("applied"):
             status = "applied"
         elif last.get("refused"):

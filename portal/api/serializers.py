@@ -411,10 +411,15 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
 class ElasticChangeSerializer(serializers.ModelSerializer):
     """One worker-count change or straggler replacement of an elastic job (issue 17)."""
 
+    summary = serializers.CharField(
+        read_only=True, help_text='"2 -> 4 workers (S=0.84)" or "replace rank(s) 3"'
+    )
+
     class Meta:
         model = ElasticChange
         fields = [
             "at",
+            "summary",
             "kind",
             "workers_from",
             "workers_to",

@@ -487,10 +487,9 @@ def test_status_of_an_elastic_job_names_its_range_current_count_and_last_change(
             {"attempt": 2, "active": True, "gpus": ["a/0", "a/1", "b/0"]},
         ],
         "elastic_changes": [
-            {"kind": "scale", "workers_from": 1, "workers_to": 3, "efficiency": 0.9,
-             "applied": True, "refused": ""},
-            {"kind": "scale", "workers_from": 3, "workers_to": 4, "efficiency": None,
-             "applied": False, "refused": "only 0 idle V100 GPU(s), 1 needed"},
+            {"summary": "1 -> 3 workers (S=0.90)", "applied": True, "refused": ""},
+            {"summary": "3 -> 4 workers", "applied": False,
+             "refused": "only 0 idle V100 GPU(s), 1 needed"},
         ],
     }  # fmt: skip
     line = next(text for text in _job_lines(job) if text.startswith("elastic"))

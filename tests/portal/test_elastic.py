@@ -213,6 +213,7 @@ def test_job_page_and_api_show_changes_with_s_to_the_owner_only(alice, bob, clie
     api = client.get(f"{URL}{job.pk}/").json()
     assert api["elastic_changes"][0]["workers_to"] == 4
     assert api["elastic_changes"][0]["efficiency"] == 0.8
+    assert api["elastic_changes"][0]["summary"] == "2 -> 4 workers (S=0.80)"
     assert bob_api.get(f"{URL}{job.pk}/").status_code == 404
 
 
