@@ -22,10 +22,11 @@ from scheduler.domain import (
     RunningJob,
     SharingMode,
 )
-from scheduler.policies.registry import build_policy
+from scheduler.policies.registry import available_policies, build_policy, policy_class
 from scheduler.simulator import simulate
 from tests.scheduler import sim_helpers
 from tests.scheduler.snapshots import GB, check_plan, gpu_node
+from tests.scheduler.test_policies_contract import SNAPSHOTS
 
 V100 = gpu_spec("V100")
 
@@ -230,3 +231,20 @@ def test_a_gang_starves_behind_a_stream_of_small_jobs_without_a_reservation(name
     # 1-GPU jobs arriving meanwhile would run past it, so they wait, and the gang starts then.
     assert recs["gang"].start_s == pytest.approx(1000.0)
     assert len(recs) == 81 and all(r.finish_s is not None for r in recs.values())
+
+
+# -- the contract, with reservations on --------------------------------------------------------
+
+RESERVING = [n for n in available_policies() if "reserve" in policy_class(n).defaults]
+
+
+@pytest.mark.parametrize("snapshot", SNAPSHOTS)
+@pytest.mark.parametrize("name", RESERVING)
+def test_every_policy_keeps_the_contract_with_reservations(name, snapshot):
+    params = {"reserve": True, "backfill": True}
+    policy = build_policy(name, params)
+    st = SNAPSHOTS[snapshot]()
+    plan = policy.schedule(st, random.Random(7))
+    check_plan(st, plan, max_jobs_per_gpu=policy.params.get("max_jobs_per_gpu"))
+    again = build_policy(name, params).schedule(SNAPSHOTS[snapshot](), random.Random(7))
+    assert plan == again
