@@ -1055,7 +1055,8 @@ class FrameworkPolicy(Policy):
                     view.hide(held.work)
                     reason = (
                         f"holds a reservation of {held.text}; jobs behind it may start on "
-                        f"these GPUs only if predicted to end by then; {reason}"
+                        f"these GPUs only if predicted to end by then; "
+                        f"{reason or 'no feasible placement'}"
                     )
             waiting[job.id] = reason or "no feasible placement"
             if not backfill:

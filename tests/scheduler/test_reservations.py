@@ -248,3 +248,21 @@ def test_every_policy_keeps_the_contract_with_reservations(name, snapshot):
     check_plan(st, plan, max_jobs_per_gpu=policy.params.get("max_jobs_per_gpu"))
     again = build_policy(name, params).schedule(SNAPSHOTS[snapshot](), random.Random(7))
     assert plan == again
+
+
+def test_a_job_that_fits_one_node_reserves_the_node_predicted_to_have_its_gpus_first():
+    # v0: its 4th GPU is idle at 5,000 s; v1: at 2,000 s (3 busy until then, 1 idle now).
+    nodes = [
+        node("v0", {0: "r0", 1: "r0", 2: "r1", 3: "r1"}),
+        node("v1", {0: "r2", 1: "r2", 2: "r2"}),
+    ]
+    ends = {"r0": 1000.0, "r1": 5000.0, "r2": 2000.0}
+    pending = [timed("four", 7200.0, gpus=4), timed("long", 7200.0), timed("short", 1000.0)]
+    plan = plan_of(state(nodes, ends, pending), True)
+    assert plan.waiting["four"].startswith(
+        "holds a reservation of 4 V100 on v1/gpu0,1,2,3, predicted idle in about 33 min, when "
+        "job r2 is predicted to end; "
+    )
+    assert "would delay job four's reservation" in plan.waiting["long"]
+    assert where(plan, "short") == [("v1", (3,))]
+    assert where(plan_of(state(nodes, ends, pending), False), "long") == [("v1", (3,))]
