@@ -5,6 +5,7 @@
     python -m scheduler.reproduce elastic002 [--out DIR]    (docs/elastic.md)
     python -m scheduler.reproduce elastic002_cluster [--seeds 5] [--out DIR]    (docs/elastic.md)
     python -m scheduler.reproduce slowdown000 [--out DIR]
+    python -m scheduler.reproduce reserve [--out DIR]    (docs/policies.md, "Reservations")
 
 **sharing001** (paper 001, ALGORITHMS §4): the scenario's 180 apps under ``sharing_mode``,
 ``sharing_random`` and ``byscale``, once per seed 0..N-1. A seed shuffles the order the apps
@@ -41,6 +42,10 @@ M"), average JCT, makespan and GPU-hours (means over the seeds).
 changes) and with ``slowdown_dr``: SD_max_diff at the start and settled, the mean SD, the mean
 GPU utilisation (over the time all jobs run together), and the jobs' final Slow-Downs, beside
 the paper's figures. With ``--out``, ``runs.csv`` holds the SD samples over time.
+
+**reserve** (``scheduler.scenarios.reservations``): the framework's EASY reservations
+(``reserve``) off and on, for the backfilling framework policies, on ``philly_multigpu`` and a
+kept-aside trace generated with the same settings and seed 1.
 
 Progress goes to stderr; results are printed as tables and, with ``--out``, written as CSV.
 """
@@ -299,7 +304,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "name",
-        choices=["sharing001", "kscheduler003", "slowdown000", "elastic002", "elastic002_cluster"],
+        choices=[
+            "sharing001",
+            "kscheduler003",
+            "slowdown000",
+            "elastic002",
+            "elastic002_cluster",
+            "reserve",
+        ],
     )
     parser.add_argument(
         "--seeds",
@@ -334,6 +346,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.seeds or 20, progress=say, scenario=args.scenario or "sharing001"
         )
         summary = summarize_sharing001(runs)
+    elif args.name == "reserve":
+        from scheduler.scenarios.reservations import run_reservations, summarize_reservations
+
+        runs = run_reservations(progress=say)
+        summary = summarize_reservations(runs)
     elif args.name == "slowdown000":
         summary, runs = run_slowdown000(progress=say)
     else:

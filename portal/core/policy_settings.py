@@ -71,6 +71,12 @@ _KNOWN: dict[str, ParamSpec] = {
     spec.name: spec
     for spec in (
         ParamSpec("backfill", BOOL, "let later jobs go past one that does not fit"),
+        ParamSpec(
+            "reserve",
+            BOOL,
+            "with backfill: the first waiting multi-GPU job gets a reservation (EASY "
+            "backfilling) that later jobs may not delay",
+        ),
         ParamSpec("max_jobs_per_gpu", INT, "co-location limit under MPS and time-slicing", 1, 64),
         ParamSpec(
             "share_mode",

@@ -74,10 +74,31 @@ Feasibility rules (all policies built on this class):
   co-locating policy would place the job there, the co-run would be killed at once (an OOM),
   the job requeued and placed there again: an OOM cascade. The waiting reason names the pair.
 - With ``backfill`` off, the first job that cannot be placed blocks the rest of the queue.
+- **Reservations** (``reserve``, with ``backfill`` on: EASY backfilling, as Slurm's backfill
+  scheduler does). The first job in the policy's order that asks more than one GPU, cannot
+  be placed, and whose start can be predicted gets a reservation: the earliest time enough
+  GPUs are predicted idle (``WorkingView.release_times``: the running jobs' predicted ends,
+  the same estimates as the waiting reasons), and which GPUs those are (on one node, the
+  node predicted to have them first; for a gang, the GPUs free by then on the fewest nodes,
+  fullest first). Only jobs of more than one GPU get one: a one-GPU job is first in line
+  for the next GPU that frees and fits it, so backfill cannot starve it. A job behind it in
+  the order may then start on the reserved GPUs only if it is predicted to end before the
+  reservation's start (its profiled solo time on that model, spread if it is a gang,
+  bounded by its time limit; the time limit alone when nothing is profiled); a job whose run
+  time cannot be predicted, or that would end later, may start on other GPUs only. A
+  reserved GPU that is running jobs now takes no co-located job (it would slow the jobs
+  whose ends the reservation counts on). The reserved job's reason names the GPUs and the
+  predicted start; a job kept off the reserved GPUs says it would delay that reservation.
+  One reservation per cycle, recomputed every cycle from the snapshot (deterministic). Cores
+  are not reserved: a later job may take cores on a reserved node (the nodes of the traces
+  have cores to spare; a node short of cores at the start delays the reservation).
 
 Common parameters (``framework_defaults``; policies add their own):
 
 - ``backfill`` (bool, True): let later jobs go past one that does not fit.
+- ``reserve`` (bool, False): with ``backfill`` on, give the first waiting multi-GPU job an
+  EASY reservation that later jobs may not delay (see the feasibility rules). Off, a stream
+  of small jobs can keep a large one waiting indefinitely.
 - ``max_jobs_per_gpu`` (int, 2): co-location limit under MPS and time-slicing.
 - ``share_mode`` (str, "auto"): mode for an idle GPU a co-locating policy starts sharing:
   "auto", "mps", "time_slicing" or "mig".
@@ -128,6 +149,7 @@ _SHARED_MODES = (SharingMode.MPS, SharingMode.TIME_SLICING)
 
 framework_defaults: dict[str, Any] = {
     "backfill": True,
+    "reserve": False,
     "max_jobs_per_gpu": 2,
     "share_mode": "auto",
     "profiled_models_only": True,
@@ -323,6 +345,53 @@ class Candidate:
     @property
     def pool_size(self) -> int:
         return len(self.pool) if self.pool is not None else 1
+
+
+class Reservation:
+    """The EASY reservation of one waiting job (``reserve``; see the module docstring).
+
+    ``start_s``: seconds from now until every reserved GPU is predicted idle; ``sid``: the
+    spec id of its GPUs (one model); ``gpus``: (node order, GPU index) of each, node rank
+    order; ``work``: the view's ``WorkGpu`` of those that can take a job now (idle, or shared),
+    which the view hides from jobs that would delay the reservation; ``until_job``: the job
+    whose predicted end sets ``start_s``; ``label``: "v0/gpu0,1 + v1/gpu2,3".
+    """
+
+    __slots__ = ("job", "start_s", "sid", "model", "gpus", "work", "until_job", "label")
+
+    def __init__(
+        self,
+        job: JobSpec,
+        start_s: float,
+        sid: int,
+        model: str,
+        gpus: tuple[tuple[int, int], ...],
+        work: tuple[WorkGpu, ...],
+        until_job: str,
+        label: str,
+    ) -> None:
+        self.job = job
+        self.start_s = start_s
+        self.sid = sid
+        self.model = model
+        self.gpus = gpus
+        self.work = work
+        self.until_job = until_job
+        self.label = label
+
+    @property
+    def text(self) -> str:
+        """ "8 V100 on v0/gpu0,1,2,3 + v1/gpu0,1,2,3, predicted idle in about 25 min, when
+        job 812 is predicted to end"."""
+        return (
+            f"{len(self.gpus)} {self.model} on {self.label}, predicted idle in "
+            f"{duration_text(self.start_s)}, when job {self.until_job} is predicted to end"
+        )
+
+
+# ``FrameworkPolicy.schedule``'s failure cache entry of a job kept off reserved GPUs (its
+# text names the job's own predicted run time, so it is written per job).
+_DELAYS_RESERVATION = "\0delays-reservation"
 
 
 def _mode_text(mode: SharingMode, mig_profile: MigProfile | None) -> str:
@@ -597,6 +666,56 @@ class WorkingView:
                 self._release_add(self._release, job.id, placement, end)
         return placement
 
+    # -- EASY reservations ---------------------------------------------------------------------
+
+    def hide(self, gpus: Sequence[WorkGpu]) -> None:
+        """Take ``gpus`` (a reservation's) out of the pools: no candidate uses them until
+        ``show_idle``. Their nodes are re-indexed at the next refresh."""
+        for gpu in gpus:
+            if gpu.pool_key is not None:
+                self._remove_from_pool(gpu)
+                self.touched.add(gpu.node.order)
+
+    def show_idle(self, gpus: Sequence[WorkGpu]) -> None:
+        """Put the idle ones of ``gpus`` (hidden by ``hide``) back in their idle pool, with
+        their nodes' idle counts and buckets. Hidden shared GPUs stay hidden."""
+        for gpu in gpus:
+            if gpu.pool_key is not None or not gpu.idle:
+                continue
+            sid, node = gpu.sid, gpu.node
+            pool = self.idle_pools.setdefault(sid, [])
+            bisect.insort(pool, gpu, key=lambda g: g.order)
+            old = node.idle_by_sid.get(sid, 0)
+            node.idle_by_sid[sid] = old + 1
+            buckets = self.idle_buckets.setdefault(sid, {})
+            if old > 0:
+                lst = buckets[old]
+                del lst[bisect.bisect_left(lst, node.order)]
+            bisect.insort(buckets.setdefault(old + 1, []), node.order)
+            gpu.pool_key = ("idle", sid)
+
+    def usable_idle(self, node: WorkNode, sid: int) -> tuple[WorkGpu, ...]:
+        """The idle GPUs of spec id ``sid`` on ``node`` that are in the pools (not hidden)."""
+        return tuple(g for g in node.gpus if g.sid == sid and g.idle and g.pool_key is not None)
+
+    def free_times(self, sid: int, cpus: int, speed: float) -> list[tuple[float, str, int, int]]:
+        """(seconds from now until it is predicted idle, the job predicted to end then ("" if
+        idle now), node order, GPU index) for every GPU of spec id ``sid`` on an up node with
+        at least ``cpus`` cores (or that does not track cores) whose release is predicted."""
+        out: list[tuple[float, str, int, int]] = []
+        nodes = self.nodes
+        for gpu in self.idle_pools.get(sid, ()):
+            node = gpu.node
+            if node.cores <= 0 or node.cores >= cpus:
+                out.append((0.0, "", node.order, gpu.index))
+        for (n_order, idx), release in self.release_times(sid, speed).items():
+            if release is None:
+                continue
+            node = nodes[n_order]
+            if node.cores <= 0 or node.cores >= cpus:
+                out.append((release[0], release[1], n_order, idx))
+        return out
+
     # -- lookups used by the default filter ----------------------------------------------------
 
     def first_with_cores(self, pool: Sequence[WorkGpu], cpus: int) -> WorkGpu | None:
@@ -699,7 +818,7 @@ class WorkingView:
         parts: list[Part] = []
         need = k
         for _, node in picked:
-            gpus = tuple(g for g in node.gpus if g.idle and g.sid == sid)
+            gpus = self.usable_idle(node, sid)
             take = gpus[: min(need, len(gpus))]
             need -= len(take)
             parts.append((node, take))
@@ -897,6 +1016,10 @@ class FrameworkPolicy(Policy):
         decisions: list[Decision] = []
         waiting: dict[str, str] = {}
         blocked_by: JobSpec | None = None
+        backfill = bool(self.params.get("backfill", True))
+        reserving = backfill and bool(self.params.get("reserve", False))
+        held: Reservation | None = None  # this cycle's reservation, once made
+        unreservable: set[tuple[Any, ...]] = set()  # shapes that could get none this cycle
         for job in self.sort_queue(state.pending, view, rng):
             if blocked_by is not None:
                 waiting[job.id] = (
@@ -905,31 +1028,185 @@ class FrameworkPolicy(Policy):
                 )
                 continue
             shape = self.shape(job)
-            reason = view.failures.get(shape)
-            cands: list[Candidate] = []
-            if reason is None:
-                cands = [c for c in self.candidates(job, view) if self.keep(job, c, view)]
-                if not cands:
-                    reason = self.no_fit_reason(job, view)
-                    view.failures[shape] = reason
-            chosen = None
-            if cands:
-                self.score_candidates(job, cands, view)
-                chosen = self.pick(job, cands, view, rng)
-                if chosen is None:
-                    reason = f"{self.name}: no acceptable placement among {len(cands)} candidates"
-            if chosen is None:
-                waiting[job.id] = reason or "no feasible placement"
-                if not self.params.get("backfill", True):
-                    blocked_by = job
+            # Behind a reservation: "short" jobs (predicted to end before it starts) see its
+            # idle GPUs, "long" ones do not; "other" jobs cannot use its GPU model anyway.
+            regime = self.reservation_regime(job, held, view) if held is not None else "other"
+            if held is not None and regime == "short":
+                view.show_idle(held.work)
+            chosen, cands, reason = self._decide(job, shape, regime, held, view, rng)
+            if chosen is not None:
+                if chosen.is_gang:
+                    explanation = self.explain_gang(job, chosen, cands, view)
+                else:
+                    explanation = self.explain(job, chosen, cands, view)
+                placement = view.reserve(job, chosen)
+                decisions.append(Decision(placement, self.name, explanation, chosen.score))
+            if held is not None and regime == "short":
+                view.hide(held.work)
+            if chosen is not None:
                 continue
-            if chosen.is_gang:
-                explanation = self.explain_gang(job, chosen, cands, view)
-            else:
-                explanation = self.explain(job, chosen, cands, view)
-            placement = view.reserve(job, chosen)
-            decisions.append(Decision(placement, self.name, explanation, chosen.score))
+            if reason == _DELAYS_RESERVATION and held is not None:
+                reason = self.delay_text(job, held, view)
+            if reserving and held is None and job.gpus > 1 and shape not in unreservable:
+                held = self.make_reservation(job, view)
+                if held is None:
+                    unreservable.add(shape)
+                else:
+                    view.hide(held.work)
+                    reason = (
+                        f"holds a reservation of {held.text}; jobs behind it may start on "
+                        f"these GPUs only if predicted to end by then; "
+                        f"{reason or 'no feasible placement'}"
+                    )
+            waiting[job.id] = reason or "no feasible placement"
+            if not backfill:
+                blocked_by = job
         return Plan(decisions=tuple(decisions), waiting=waiting)
+
+    def _decide(
+        self,
+        job: JobSpec,
+        shape: tuple[Any, ...],
+        regime: str,
+        held: Reservation | None,
+        view: WorkingView,
+        rng: random.Random,
+    ) -> tuple[Candidate | None, list[Candidate], str | None]:
+        """Filter, score and pick for one job: (the chosen candidate or None, the candidates,
+        why it waits). Failures are cached per shape (and per reservation regime)."""
+        key = shape if regime == "other" else (*shape, regime)
+        reason = view.failures.get(key)
+        cands: list[Candidate] = []
+        if reason is None:
+            cands = [c for c in self.candidates(job, view) if self.keep(job, c, view)]
+            if not cands:
+                if regime == "long" and held is not None:
+                    # Kept off the reserved GPUs: would it fit on them?
+                    view.show_idle(held.work)
+                    wider = any(self.keep(job, c, view) for c in self.candidates(job, view))
+                    reason = _DELAYS_RESERVATION if wider else self.no_fit_reason(job, view)
+                    view.hide(held.work)
+                else:
+                    reason = self.no_fit_reason(job, view)
+                view.failures[key] = reason
+        chosen = None
+        if cands:
+            self.score_candidates(job, cands, view)
+            chosen = self.pick(job, cands, view, rng)
+            if chosen is None:
+                reason = f"{self.name}: no acceptable placement among {len(cands)} candidates"
+        return chosen, cands, reason
+
+    # -- EASY reservations (``reserve``) -------------------------------------------------------
+
+    def predicted_run_s(self, job: JobSpec, model: str, *, spread: bool) -> float | None:
+        """What the policy predicts ``job`` runs on ``model`` (s): its profiled solo time
+        (spread over nodes: the unconsolidated time, else the solo time /
+        ``unconsolidated_speed``), bounded by its time limit; the time limit alone when
+        nothing is profiled; None when neither is known."""
+        solo = job.run_time_s(model, spread=spread, speed=self.unconsolidated_speed)
+        if solo is None or not math.isfinite(solo):
+            return job.time_limit_s
+        if job.time_limit_s is not None:
+            return min(solo, job.time_limit_s)
+        return solo
+
+    def reservation_regime(self, job: JobSpec, held: Reservation, view: WorkingView) -> str:
+        """How ``job`` stands to the reservation ``held``: "other" (it cannot use its GPU
+        model: memory, profiled models, or a CPU job), "short" (predicted to end before the
+        reservation starts: it may use the reserved idle GPUs) or "long" (it may not)."""
+        if job.gpus <= 0:
+            return "other"
+        spec = view.specs[held.sid]
+        allowed = self.allowed_models(job)
+        if spec.memory_mb < job.memory_need_mb() or (
+            allowed is not None and spec.model not in allowed
+        ):
+            return "other"
+        spread = job.gpus > 1 and not self.one_node_holds(job, view)
+        run = self.predicted_run_s(job, spec.model, spread=spread)
+        return "short" if run is not None and run <= held.start_s else "long"
+
+    def make_reservation(self, job: JobSpec, view: WorkingView) -> Reservation | None:
+        """The earliest predicted start of ``job`` (more than one GPU) and the GPUs it would
+        get, or None when it cannot be predicted (busy GPUs without a predicted end) or the
+        GPUs are idle now (the job waits for something else: cores, a policy's filter).
+
+        On one node: the node of a usable spec whose ``job.gpus``-th GPU is predicted idle
+        first (then cluster order). A gang: the time the ``job.gpus``-th GPU of a usable spec
+        is predicted idle, on the nodes with the most GPUs idle by then (fewest nodes), then
+        cluster order; each node's GPUs free first. Among specs, the earliest start, then the
+        fewest nodes, then cluster order. Cost: O(GPUs of the usable specs x log)."""
+        k, cpus = job.gpus, job.cpus
+        spread = not self.one_node_holds(job, view)
+        speed = self.unconsolidated_speed
+        best: tuple[tuple[float, int, int], int, list[tuple[float, str, int, int]]] | None = None
+        for sid in self.eligible_specs(job, view):
+            times = view.free_times(sid, cpus, speed)
+            if len(times) < k:
+                continue
+            by_node: dict[int, list[tuple[float, str, int, int]]] = {}
+            for entry in times:
+                by_node.setdefault(entry[2], []).append(entry)
+            picks: list[tuple[float, str, int, int]] = []
+            if spread:
+                times.sort()
+                start = times[k - 1][0]
+                ready = {
+                    n: sorted(e for e in entries if e[0] <= start) for n, entries in by_node.items()
+                }
+                for n in sorted(ready, key=lambda n: (-len(ready[n]), n)):
+                    picks.extend(ready[n][: k - len(picks)])
+                    if len(picks) >= k:
+                        break
+            else:
+                found: tuple[float, int] | None = None
+                for n, entries in by_node.items():
+                    if len(entries) < k or view.nodes[n].size_by_sid.get(sid, 0) < k:
+                        continue
+                    entries.sort()
+                    if found is None or (entries[k - 1][0], n) < found:
+                        found = (entries[k - 1][0], n)
+                if found is None:
+                    continue
+                picks = by_node[found[1]][:k]
+            start = max(e[0] for e in picks)
+            nodes = {e[2] for e in picks}
+            key = (start, len(nodes), min(nodes))
+            if best is None or key < best[0]:
+                best = (key, sid, picks)
+        if best is None or best[0][0] <= 0.0:
+            return None
+        (start, _, _), sid, picks = best
+        per_node: dict[int, list[int]] = {}
+        for _, _, n, idx in picks:
+            per_node.setdefault(n, []).append(idx)
+        ranked = sorted(per_node, key=lambda n: (-len(per_node[n]), n))
+        gpus = tuple((n, idx) for n in ranked for idx in sorted(per_node[n]))
+        wanted = set(gpus)
+        work = tuple(g for n in ranked for g in view.nodes[n].gpus if (n, g.index) in wanted)
+        label = " + ".join(
+            f"{view.nodes[n].name}/gpu" + ",".join(str(i) for i in sorted(per_node[n]))
+            for n in ranked
+        )
+        until = max(picks)[1]
+        return Reservation(job, start, sid, view.specs[sid].model, gpus, work, until, label)
+
+    def delay_text(self, job: JobSpec, held: Reservation, view: WorkingView) -> str:
+        """Why ``job`` does not start on GPUs reserved for another job."""
+        spread = job.gpus > 1 and not self.one_node_holds(job, view)
+        run = self.predicted_run_s(job, held.model, spread=spread)
+        if run is None:
+            why = (
+                f"its run time cannot be predicted (no profiled time on {held.model} and no "
+                "time limit)"
+            )
+        else:
+            why = f"it is predicted to run {duration_text(run)}"
+        return (
+            f"would delay job {held.job.id}'s reservation ({held.text}): it fits now only on "
+            f"those GPUs, and {why}"
+        )
 
     # -- extension points ----------------------------------------------------------------------
 
@@ -1226,7 +1503,7 @@ class FrameworkPolicy(Policy):
                 # One candidate per (spec, idle count): the first node in order with the cores.
                 node = view.first_node_with_idle(sid, count, job.cpus)
                 if node is not None:
-                    gpus = tuple(g for g in node.gpus if g.idle and g.sid == sid)[:k]
+                    gpus = view.usable_idle(node, sid)[:k]
                     out.append(Candidate(node, gpus, SharingMode.EXCLUSIVE))
         out.sort(key=lambda c: c.order)  # cluster order, whatever the indexes' history
         return out

@@ -50,3 +50,19 @@ def test_slowdown000_lowers_the_settled_gap_in_every_set(tmp_path):
         assert dr.job_sd_max <= static.job_sd_max + 0.01
     samples = pd.read_csv(tmp_path / "runs.csv")
     assert {"set", "policy", "t_s", "max_diff", "util_pct"} <= set(samples.columns)
+
+
+def test_reserve_comparison_runs_both_ways_and_summarizes():
+    from scheduler.scenarios.reservations import run_reservations, summarize_reservations
+
+    runs = run_reservations(
+        traces=("philly_multigpu",),
+        policies=(("placement_rate", "placement_rate", {}),),
+    )
+    assert list(runs.reserve) == [False, True]
+    assert (runs.status == "complete").all() and (runs.completed == 500).all()
+    assert (runs.big_jobs == 21).all() and (runs.big_started == 21).all()
+    off, on = runs.big_worst_wait_s
+    assert on < off  # the 8-GPU jobs' worst wait: the reservation's point
+    summary = summarize_reservations(runs)
+    assert len(summary) == 1 and summary.jct_on_over_off.iloc[0] > 0
