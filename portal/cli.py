@@ -302,7 +302,7 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
         ("gpu memory", f"{job['gpu_memory_mb']} MB" if job.get("gpu_memory_mb") else "-"),
         ("cpus", job.get("cpus")),
         ("priority", job.get("priority")),
-        *([("time limit", _limit_text(job["time_limit"]))] if job.get("time_limit") else []),
+        *([("time limit", _limit_text(job))] if job.get("time_limit") else []),
         ("submitted", _when(job.get("submitted_at"))),
     ]
     for label, key in (("started", "started_at"), ("finished", "finished_at")):
@@ -351,13 +351,15 @@ def _elastic_text(job: dict[str, Any]) -> str:
     return text
 
 
-def _limit_text(seconds: Any) -> str:
+def _limit_text(job: dict[str, Any]) -> str:
+    """``00:30:00 per attempt`` (an elastic job's regrouped attempts are one run)."""
     from scheduler.durations import format_duration
 
+    per = "per attempt, regroups included" if job.get("elastic_min_workers") else "per attempt"
     try:
-        return f"{format_duration(float(seconds))} per attempt"
+        return f"{format_duration(float(job['time_limit']))} {per}"
     except (TypeError, ValueError):
-        return str(seconds)
+        return str(job["time_limit"])
 
 
 def _profile_text(job: dict[str, Any]) -> str:

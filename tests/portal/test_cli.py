@@ -482,6 +482,7 @@ def test_status_of_an_elastic_job_names_its_range_current_count_and_last_change(
         "gpus": 1,
         "elastic_min_workers": 1,
         "elastic_max_workers": 4,
+        "time_limit": 600,
         "attempts": [
             {"attempt": 1, "active": False, "gpus": ["a/0"]},
             {"attempt": 2, "active": True, "gpus": ["a/0", "a/1", "b/0"]},
@@ -497,5 +498,7 @@ def test_status_of_an_elastic_job_names_its_range_current_count_and_last_change(
         "elastic     1..4 workers, now 3 (attempt 2); 2 changes, last: 3 -> 4 workers: "
         "not applied: only 0 idle V100 GPU(s), 1 needed"
     )
+    assert "time limit  00:10:00 per attempt, regroups included" in _job_lines(job)
     plain = {k: v for k, v in job.items() if not k.startswith("elastic")}
     assert not any(text.startswith("elastic") for text in _job_lines(plain))
+    assert "time limit  00:10:00 per attempt" in _job_lines(plain)

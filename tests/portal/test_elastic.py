@@ -407,7 +407,7 @@ def test_a_due_decision_asks_for_a_cycle_at_once(alice):
     assert OutboxMessage.objects.filter(kind="schedule", reason__contains="elastic").exists()
 
 
-def test_a_regroup_does_not_restart_the_time_limit(alice):
+def test_a_regroup_does_not_restart_the_time_limit(alice, client):
     """The time limit counts one run of an elastic job across its regroups: the next group
     gets what is left, a regroup past the limit is refused, and the reason names the chain."""
     import time
@@ -472,6 +472,9 @@ def test_a_regroup_does_not_restart_the_time_limit(alice):
     job.refresh_from_db()
     assert job.state == "FAILED" and job.end_label == "time limit"
     assert job.failure_reason.startswith("time limit 00:10:00 reached over attempts 1-2")
+    client.force_login(alice)
+    page = client.get(f"/jobs/{job.pk}/").content.decode()
+    assert "per attempt, regroups included" in page
 
 
 def test_a_step_up_gives_way_to_a_job_that_started_waiting_after_it_was_proposed(alice, bob):
