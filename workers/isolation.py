@@ -51,12 +51,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import pwd
 import resource
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 OWNER = "owner"
 FALLBACK_ACCOUNT = "cosched-job"
@@ -456,11 +456,12 @@ class GpuDevices:
             sys_admin = has_capabilities(CAP_SYS_ADMIN)
         if not sys_admin:
             me = Account.current()
+            fix = "grant it that capability" if me.uid == 0 else "run it as root"
             return cls(
                 "none",
                 nodes,
                 reason=f"the agent runs as {me.name} (uid {me.uid}) without CAP_SYS_ADMIN, "
-                f"which a private mount namespace needs; run it as root",
+                f"which a private mount namespace needs; {fix}",
             )
         failure = probe_hiding()
         if failure:
@@ -485,37 +486,39 @@ class GpuDevices:
         return {"mask": mask, "hide": devices_to_hide(self.nodes, process_gpus)}
 
 
-def _libc() -> Any:
+@functools.cache
+def mount_calls() -> tuple[Callable[..., int], Callable[..., int], Callable[[], int]]:
+    """The C library's ``unshare`` and ``mount``, and ctypes' ``get_errno`` for their errors
+    (Python 3.11 has no ``os.unshare`` or ``os.mount``). Loaded once, before ``fork``: the child
+    only calls them. Raises OSError."""
     import ctypes
-    import ctypes.util
 
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        import ctypes
-
-        code = ctypes.get_errno()
-        raise OSError(code, f"{what}: {os.strerror(code)}")
+    libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols, libc's among them
+    return libc.unshare, libc.mount, ctypes.get_errno
 
 
-def hide_paths(libc: Any, paths: Iterable[str], mask: str) -> None:
+def hide_paths(paths: Iterable[str], mask: str) -> None:
     """In this process: a private mount namespace (``unshare(CLONE_NEWNS)``, every mount made a
     slave, so what follows never propagates to the node) in which ``mask`` is bind-mounted over
-    each of ``paths`` (a path that does not exist is skipped: nothing to open). ``libc``: from
-    ``_libc()``, loaded before ``fork``. Raises OSError."""
-    _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    _check(libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None), "mount --make-rslave /")
+    each of ``paths`` (a path that does not exist is skipped: nothing to open). Raises
+    OSError."""
+    unshare, mount, get_errno = mount_calls()
+
+    def fail(what: str) -> OSError:
+        code = get_errno()
+        return OSError(code, f"{what}: {os.strerror(code)}")
+
+    if unshare(CLONE_NEWNS) != 0:
+        raise fail("unshare(CLONE_NEWNS)")
+    if mount(b"none", b"/", None, MS_REC | MS_SLAVE, None) != 0:
+        raise fail("mount --make-rslave /")
     source = os.fsencode(mask)
     for path in paths:
-        if libc.mount(source, os.fsencode(path), None, MS_BIND, None) != 0:
-            import ctypes
-
-            code = ctypes.get_errno()
-            if code == errno.ENOENT and not os.path.lexists(path):
+        if mount(source, os.fsencode(path), None, MS_BIND, None) != 0:
+            error = fail(f"cannot hide {path}")
+            if error.errno == errno.ENOENT and not os.path.lexists(path):
                 continue
-            raise OSError(code, f"cannot hide {path}: {os.strerror(code)}")
+            raise error
 
 
 def make_mask(path: str) -> None:
@@ -536,9 +539,9 @@ def probe_hiding() -> str:
     import tempfile
 
     try:
-        libc = _libc()
-    except OSError as exc:
-        return f"cannot load the C library: {exc}"
+        mount_calls()
+    except (OSError, AttributeError) as exc:
+        return f"cannot load the C library's unshare and mount: {exc}"
     workdir = tempfile.mkdtemp(prefix="cosched-mount-probe-")
     try:
         mask, target = os.path.join(workdir, "mask"), os.path.join(workdir, "target")
@@ -551,7 +554,7 @@ def probe_hiding() -> str:
             code = 0
             try:
                 os.close(read_fd)
-                hide_paths(libc, [target], mask)
+                hide_paths([target], mask)
                 if os.stat(target).st_size != 0:
                     raise OSError(0, "the bind mount did not take")
             except BaseException as exc:  # noqa: BLE001 (reported to the parent)
@@ -588,7 +591,6 @@ class JobLaunch:
         devices = data.get("gpu_devices") or {}
         self.mask: str | None = devices.get("mask")
         self.hide: list[list[str]] = [[str(p) for p in paths] for paths in devices.get("hide", ())]
-        self._libc: Any = None
 
     def hidden_for(self, process: int) -> list[str]:
         """The device nodes process number ``process`` of the job (in start order) must not
@@ -643,7 +645,7 @@ class JobLaunch:
             if not self.mask:
                 raise IsolationError("GPU devices to hide, but no mask file")
             make_mask(self.mask)
-            self._libc = _libc()  # loaded here: the child only calls it
+            mount_calls()  # loaded here: the child only calls them
 
     def _make_cgroup(self) -> None:
         path = str(self.cgroup)
@@ -704,9 +706,9 @@ class JobLaunch:
         os.umask(0o077)
         hidden = self.hidden_for(process)
         if hidden:
-            if self._libc is None or not self.mask:
-                raise IsolationError("GPU devices to hide, but prepare() did not run")
-            hide_paths(self._libc, hidden, self.mask)
+            if not self.mask:
+                raise IsolationError("GPU devices to hide, but no mask file")
+            hide_paths(hidden, self.mask)
         target = self.target
         if target is not None:
             os.setgroups(list(target.groups))
