@@ -418,10 +418,8 @@ def devices_to_hide(
     (GPU index -> device node path) but the ones the process holds (``process_gpus``: the GPU
     indices of each process, in start order). A per-GPU rank keeps its own GPU only, a process
     with several GPUs keeps them all, a CPU process (no GPU) keeps none."""
-    return [
-        [path for index, path in sorted(nodes.items()) if index not in set(gpus)]
-        for gpus in process_gpus
-    ]
+    ordered = sorted(nodes.items())
+    return [[path for index, path in ordered if index not in gpus] for gpus in process_gpus]
 
 
 class GpuDevices:
@@ -494,7 +492,10 @@ def mount_calls() -> tuple[Callable[..., int], Callable[..., int], Callable[[], 
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols, libc's among them
-    return libc.unshare, libc.mount, ctypes.get_errno
+    unshare, mount = libc.unshare, libc.mount
+    unshare.argtypes = [ctypes.c_int]
+    mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+    return unshare, mount, ctypes.get_errno
 
 
 def hide_paths(paths: Iterable[str], mask: str) -> None:
