@@ -70,7 +70,7 @@ from scheduler.catalog import UnknownGpuModel, gpu_spec
 from scheduler.domain import JobKind, Placement, Profile, SharingMode
 from workers import runner as runner_files
 from workers.gpu.base import DeviceInfo, GpuBackend, GpuBackendError
-from workers.isolation import IsolationError, JobUsers, Limits
+from workers.isolation import GpuDevices, IsolationError, JobUsers, Limits
 from workers.launcher import LaunchError, build_env, is_portal_variable, new_reports, tail
 from workers.profiles import ProfileFormatError, profile_from_json, profiles_document
 from workers.protocol import (
@@ -218,6 +218,8 @@ class NodeAgent:
         job_users: JobUsers | None = None,
         limits: Limits | None = None,
         checkpoint_root: Path | None = None,
+        gpu_devices: GpuDevices | None = None,
+        gpu_device_dir: Path | None = None,
     ) -> None:
         """``backend`` None: a node without GPUs (``kind`` "cpu"). Directories default to
         ``<data>/logs``, ``<data>/work`` and ``<data>/agent/<name>`` (``data_dir``: the
@@ -226,7 +228,9 @@ class NodeAgent:
         (NVIDIA's defaults without them) on ``nvml``, ``<data>/mps/<name>/...`` on ``virtual``.
         ``job_users``: which unix account runs whose job (default: every job as this process's
         own account); ``limits``: how cores and memory are limited (default: detected at
-        ``start``; ``workers.isolation``).
+        ``start``; ``workers.isolation``); ``gpu_devices``: whether each job's process is kept
+        from the device nodes of the GPUs it was not given (default: detected at ``start``
+        for the nodes in ``gpu_device_dir``, see ``gpu_devices_for``).
 
         ``checkpoint_root``: each job's ``COSCHED_CHECKPOINT_DIR`` is ``<root>/job-<id>``
         (default ``$COSCHED_CHECKPOINT_ROOT``, else ``<data>/checkpoints``); a job resumes on
@@ -270,6 +274,8 @@ class NodeAgent:
         self.sample_every_s = sample_every_s
         self.job_users = job_users if job_users is not None else JobUsers.single()
         self.limits = limits
+        self.gpu_devices = gpu_devices
+        self.gpu_device_dir = gpu_device_dir
         # Marks every runner and job of this agent (its state directory, hashed), so a
         # restarted agent finds its own leftovers and nobody else's.
         self.marker = marker_for(self.state_dir)
@@ -321,6 +327,14 @@ class NodeAgent:
                 self.limits = Limits.detect()
                 level = logging.INFO if self.limits.kind == "cgroup" else logging.WARNING
                 log.log(level, "%s: %s", self.name, self.limits.describe())
+            if self.gpu_devices is None:
+                self.gpu_devices = gpu_devices_for(
+                    self.backend, self.backend_name, self.gpu_device_dir
+                )
+                # A warning when GPUs with device nodes stay open to every job.
+                exposed = self.gpu_devices.nodes and not self.gpu_devices.constrained
+                level = logging.WARNING if exposed else logging.INFO
+                log.log(level, "%s: %s", self.name, self.gpu_devices.describe())
             stored = runner_files.read_json(self.seq_file) or {}
             self._seq = max(int(stored.get("seq", 0)), int(time.time() * 1000))
             for entry in sorted(self.attempts_dir.iterdir()):
@@ -657,7 +671,7 @@ class NodeAgent:
             if not spec.command.strip():
                 raise LaunchError("the job has no command (container jobs are not run here yet)")
             workdir = self.work_dir / f"job-{spec.job_id}"
-            isolation = self._isolation(spec)
+            isolation = self._isolation(spec, env, final)
             a.log_offset = _write_header(log_path, spec, self.name)
             runner_files.write_json(
                 tmp / runner_files.SPEC,
@@ -750,16 +764,26 @@ class NodeAgent:
         self._open_pidfd(a)
         log.info("%s: started attempt %s (runner pid %s)", self.name, key, a.runner_pid)
 
-    def _isolation(self, spec: AttemptSpec) -> dict[str, Any]:
+    def _isolation(self, spec: AttemptSpec, env: dict[str, str], directory: Path) -> dict[str, Any]:
         """The attempt's ``isolation`` entry for its runner (``workers.isolation.JobLaunch``):
-        the account it runs as and its limits. Raises IsolationError (the launch fails)."""
+        the account it runs as, its limits and the GPU device nodes each of its processes
+        must not open (the mask file in the attempt's ``directory``). Raises IsolationError
+        (the launch fails)."""
         account = self.job_users.account_for(spec.owner)
         if self.limits is None:
             self.limits = Limits.detect()
+        if self.gpu_devices is None:
+            self.gpu_devices = gpu_devices_for(self.backend, self.backend_name, self.gpu_device_dir)
         part = spec.part
         name = f"{self.marker}-job-{spec.job_id}-{spec.attempt}"
         limits = self.limits.for_job(name, part.cpus, spec.memory_mb, bool(part.gpu_indices))
-        return {"account": account.to_dict(), "limits": limits}
+        entry = {"account": account.to_dict(), "limits": limits}
+        devices = self.gpu_devices.for_job(
+            process_gpus(spec, env), str(directory / runner_files.GPU_MASK)
+        )
+        if devices is not None:
+            entry["gpu_devices"] = devices
+        return entry
 
     def _report_target(self, spec: AttemptSpec) -> dict[str, Any] | None:
         """Where the attempt's runner may report its result itself (HTTP only)."""
@@ -1205,6 +1229,53 @@ def rank_envs(spec: AttemptSpec, env: dict[str, str], node: str) -> list[dict[st
     ]
 
 
+def process_gpus(spec: AttemptSpec, env: dict[str, str]) -> list[tuple[int, ...]]:
+    """The GPU indices each process of the attempt's part holds, in start order (as
+    ``rank_envs``): one process with the part's GPUs (none for a CPU part), or one per GPU with
+    its own, or, where the ranks share one ``CUDA_VISIBLE_DEVICES`` entry (``rank_envs``), each
+    with all of them."""
+    gpus = tuple(spec.part.gpu_indices)
+    if not spec.process_per_gpu or not gpus:
+        return [gpus]
+    if len(env.get("CUDA_VISIBLE_DEVICES", "").split(",")) != len(gpus):
+        return [gpus] * len(gpus)
+    return [(index,) for index in gpus]
+
+
+def gpu_device_nodes(devices: list[DeviceInfo], device_dir: str | Path) -> dict[int, str]:
+    """GPU index -> its device node: ``<device_dir>/nvidia<N>``, N the GPU's minor number where
+    the backend knows it (NVML), else its index."""
+    return {
+        d.index: os.path.join(
+            device_dir, f"nvidia{d.minor_number if d.minor_number is not None else d.index}"
+        )
+        for d in devices
+    }
+
+
+def gpu_devices_for(
+    backend: GpuBackend | None,
+    backend_name: str,
+    device_dir: str | Path | None,
+    *,
+    sys_admin: bool | None = None,
+) -> GpuDevices:
+    """Whether this node can hide GPUs from the jobs not given them (``GpuDevices.detect``):
+    the device nodes are in ``device_dir`` (``--gpu-device-dir``; default ``/dev`` for the
+    ``nvml`` backend, none for ``virtual``, whose GPUs have no device nodes)."""
+    if backend is None:
+        return GpuDevices.detect({}, no_nodes="a node without GPUs")
+    if device_dir is None and backend_name == "nvml":
+        device_dir = "/dev"
+    if device_dir is None:
+        return GpuDevices.detect(
+            {},
+            no_nodes="virtual GPUs have no device nodes; --gpu-device-dir DIR names "
+            "stand-ins (DIR/nvidia<N> for GPU N)",
+        )
+    return GpuDevices.detect(gpu_device_nodes(backend.devices(), device_dir), sys_admin=sys_admin)
+
+
 def _profile_of(spec: AttemptSpec) -> Profile | None:
     if spec.profile is None:
         return None
@@ -1492,6 +1563,13 @@ def _parser() -> argparse.ArgumentParser:
         "$COSCHED_CGROUP_ROOT, else <cgroup2 mount>/cosched; without a usable one: rlimits)",
     )
     p.add_argument(
+        "--gpu-device-dir",
+        default=os.environ.get("COSCHED_GPU_DEVICE_DIR") or None,
+        help="directory of the GPUs' device nodes, DIR/nvidia<N> for GPU N (N: the minor "
+        "number under nvml), hidden from the jobs not given that GPU (default "
+        "$COSCHED_GPU_DEVICE_DIR, else /dev with --backend nvml and none with virtual)",
+    )
+    p.add_argument(
         "--checkpoint-root",
         default=os.environ.get("COSCHED_CHECKPOINT_ROOT"),
         help="where each job's COSCHED_CHECKPOINT_DIR is made (default "
@@ -1589,6 +1667,7 @@ def main(argv: list[str] | None = None) -> int:
         transport = HttpTransport(opts.portal, token, token_file=token_file)
         backend = _open_backend(opts)
         job_users, limits = _isolation(opts)
+        gpu_devices = gpu_devices_for(backend, opts.backend, opts.gpu_device_dir)
     except (UsageError, ValueError) as exc:
         print(f"node agent: {exc}", file=sys.stderr)
         if backend is not None:
@@ -1608,6 +1687,7 @@ def main(argv: list[str] | None = None) -> int:
         job_users=job_users,
         limits=limits,
         checkpoint_root=Path(opts.checkpoint_root) if opts.checkpoint_root else None,
+        gpu_devices=gpu_devices,
     )
     stop = threading.Event()
 
@@ -1630,7 +1710,10 @@ def main(argv: list[str] | None = None) -> int:
         f"portal {opts.portal}; state {agent.state_dir}",
         flush=True,
     )
-    print(f"node {opts.name}: {job_users.describe()}; {limits.describe()}", flush=True)
+    print(
+        f"node {opts.name}: {job_users.describe()}; {limits.describe()}; {gpu_devices.describe()}",
+        flush=True,
+    )
     listener = None
     if opts.nudge_url:
         listener = NudgeListener(opts.nudge_url, opts.name, agent.nudge)

@@ -32,19 +32,31 @@ still the agent's account) applies it when it starts the job:
   and falls back to ``RLIMIT_AS`` = the requested memory for CPU jobs (a GPU job's CUDA context
   reserves far more address space than memory, so GPU jobs get no address-space limit) and no
   core limit.
+- **GPU devices** (``GpuDevices``): each job process gets a private mount namespace in which
+  the device node of every GPU it was not given (``/dev/nvidia<N>``) is covered by a bind mount
+  of an empty root-owned file of mode 0000: opening it fails with EACCES for any account but
+  root. The mounts are made in the child, after it joined its cgroup and before it drops its
+  privileges (``unshare(CLONE_NEWNS)``, the whole mount tree made a slave so nothing
+  propagates back to the node, then one bind mount per node); the namespace ends with the
+  job's last process. It works the same on cgroup v1 and v2 hosts (no device cgroup). The
+  control nodes every CUDA process needs (``nvidiactl``, ``nvidia-uvm``, ``nvidia-caps``) stay
+  visible. Where the agent cannot make mount namespaces (not root, ``unshare`` refused) it says
+  so once and the jobs see every GPU's node, as before.
 
-Only standard modules the runner already loads (plus ``pwd``, ``grp``, ``resource``): the
-runner imports this module at every job start.
+Only standard modules the runner already loads (plus ``pwd``, ``grp``, ``resource``; ``ctypes``
+only for a job whose GPU devices are hidden): the runner imports this module at every job start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import os
 import pwd
 import resource
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 OWNER = "owner"
 FALLBACK_ACCOUNT = "cosched-job"
@@ -59,6 +71,13 @@ CPU_PERIOD_US = 100_000
 # runtime directory). Removed from every job's environment when it runs as another account.
 SESSION_PREFIXES = ("XDG_", "SUDO_", "SSH_", "DBUS_")
 SESSION_NAMES = frozenset({"MAIL", "OLDPWD", "PWD", "KRB5CCNAME", "DISPLAY", "XAUTHORITY"})
+CAP_SETGID, CAP_SETUID, CAP_SYS_ADMIN = 6, 7, 21
+# unshare(2) and mount(2) flags (linux/sched.h, linux/mount.h).
+CLONE_NEWNS = 0x00020000
+MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_SLAVE = 1 << 19
+GPU_DEVICE_PREFIX = "nvidia"  # /dev/nvidia<minor>: one per GPU
 
 
 class IsolationError(RuntimeError):
@@ -127,19 +146,23 @@ class Account:
         return f"Account({self.name!r}, uid={self.uid}, gid={self.gid})"
 
 
-def is_privileged() -> bool:
-    """May this process switch to other accounts? (root, or CAP_SETUID and CAP_SETGID.)"""
-    if os.geteuid() == 0:
-        return True
+def has_capabilities(*bits: int) -> bool:
+    """Does this process hold every capability ``bits`` (``linux/capability.h`` numbers) in its
+    effective set?"""
     try:
         with open("/proc/self/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith("CapEff:"):
                     caps = int(line.split()[1], 16)
-                    return bool(caps & (1 << 7)) and bool(caps & (1 << 6))  # SETUID, SETGID
+                    return all(caps & (1 << bit) for bit in bits)
     except (OSError, ValueError, IndexError):
         pass
     return False
+
+
+def is_privileged() -> bool:
+    """May this process switch to other accounts? (root, or CAP_SETUID and CAP_SETGID.)"""
+    return os.geteuid() == 0 or has_capabilities(CAP_SETUID, CAP_SETGID)
 
 
 def read_user_map(path: str) -> dict[str, str]:
@@ -385,13 +408,179 @@ def _write(path: str, value: str) -> None:
         f.write(value)
 
 
+# --- GPU device nodes -----------------------------------------------------------------------------
+
+
+def devices_to_hide(
+    nodes: Mapping[int, str], process_gpus: Sequence[Sequence[int]]
+) -> list[list[str]]:
+    """The device nodes each process of a job must not open: those of every GPU in ``nodes``
+    (GPU index -> device node path) but the ones the process holds (``process_gpus``: the GPU
+    indices of each process, in start order). A per-GPU rank keeps its own GPU only, a process
+    with several GPUs keeps them all, a CPU process (no GPU) keeps none."""
+    ordered = sorted(nodes.items())
+    return [[path for index, path in ordered if index not in gpus] for gpus in process_gpus]
+
+
+class GpuDevices:
+    """Whether a node hides from each job the GPUs it was not given (module docstring):
+    ``namespace`` (a private mount namespace per job process) or ``none`` (``reason`` says
+    why). ``nodes``: each GPU's device node (GPU index -> path)."""
+
+    def __init__(self, kind: str, nodes: Mapping[int, str] | None = None, reason: str = "") -> None:
+        self.kind = kind
+        self.nodes = dict(nodes or {})
+        self.reason = reason
+
+    @property
+    def constrained(self) -> bool:
+        return self.kind == "namespace"
+
+    @classmethod
+    def detect(
+        cls,
+        nodes: Mapping[int, str],
+        *,
+        sys_admin: bool | None = None,
+        no_nodes: str = "no GPU device nodes known on this node",
+    ) -> GpuDevices:
+        """Hide ``nodes`` (GPU index -> device node path) if this process can: it holds
+        ``CAP_SYS_ADMIN`` (``sys_admin``; default: read from ``/proc/self/status``) and a
+        child of it can make a private mount namespace and bind-mount a file there (tried
+        once, on temporary files). ``no_nodes``: the reason when ``nodes`` is empty."""
+        if not nodes:
+            return cls("none", reason=no_nodes)
+        if sys_admin is None:
+            sys_admin = has_capabilities(CAP_SYS_ADMIN)
+        if not sys_admin:
+            me = Account.current()
+            fix = "grant it that capability" if me.uid == 0 else "run it as root"
+            return cls(
+                "none",
+                nodes,
+                reason=f"the agent runs as {me.name} (uid {me.uid}) without CAP_SYS_ADMIN, "
+                f"which a private mount namespace needs; {fix}",
+            )
+        failure = probe_hiding()
+        if failure:
+            return cls("none", nodes, reason=failure)
+        return cls("namespace", nodes)
+
+    def describe(self) -> str:
+        """The node's GPU device isolation in words, for the agent's start-up line."""
+        if self.constrained:
+            return (
+                "GPU devices: constrained (private mount namespace per job; a job running as "
+                "root can undo it)"
+            )
+        return f"GPU devices: not constrained ({self.reason})"
+
+    def for_job(self, process_gpus: Sequence[Sequence[int]], mask: str) -> dict | None:
+        """The ``gpu_devices`` entry of ``JobLaunch`` for one attempt (None: nothing hidden):
+        ``mask`` (the empty file the runner makes and mounts over hidden nodes) and ``hide``
+        (the nodes each process must not open, ``devices_to_hide``)."""
+        if not self.constrained:
+            return None
+        return {"mask": mask, "hide": devices_to_hide(self.nodes, process_gpus)}
+
+
+@functools.cache
+def mount_calls() -> tuple[Callable[..., int], Callable[..., int], Callable[[], int]]:
+    """The C library's ``unshare`` and ``mount``, and ctypes' ``get_errno`` for their errors
+    (Python 3.11 has no ``os.unshare`` or ``os.mount``). Loaded once, before ``fork``: the child
+    only calls them. Raises OSError."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols, libc's among them
+    unshare, mount = libc.unshare, libc.mount
+    unshare.argtypes = [ctypes.c_int]
+    mount.argtypes = [ctypes.c_char_p] * 3 + [ctypes.c_ulong, ctypes.c_void_p]
+    return unshare, mount, ctypes.get_errno
+
+
+def hide_paths(paths: Iterable[str], mask: str) -> None:
+    """In this process: a private mount namespace (``unshare(CLONE_NEWNS)``, every mount made a
+    slave, so what follows never propagates to the node) in which ``mask`` is bind-mounted over
+    each of ``paths`` (a path that does not exist is skipped: nothing to open). Raises
+    OSError."""
+    unshare, mount, get_errno = mount_calls()
+
+    def fail(what: str) -> OSError:
+        code = get_errno()
+        return OSError(code, f"{what}: {os.strerror(code)}")
+
+    if unshare(CLONE_NEWNS) != 0:
+        raise fail("unshare(CLONE_NEWNS)")
+    if mount(b"none", b"/", None, MS_REC | MS_SLAVE, None) != 0:
+        raise fail("mount --make-rslave /")
+    source = os.fsencode(mask)
+    for path in paths:
+        if mount(source, os.fsencode(path), None, MS_BIND, None) != 0:
+            error = fail(f"cannot hide {path}")
+            if error.errno == errno.ENOENT and not os.path.lexists(path):
+                continue
+            raise error
+
+
+def make_mask(path: str) -> None:
+    """The empty file of mode 0000, owned by this process's account, that covers hidden device
+    nodes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0)
+    try:
+        os.fchmod(fd, 0)
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+
+
+def probe_hiding() -> str:
+    """Can a child of this process hide a file as ``hide_paths`` does? "" if so, else why not
+    (tried on two temporary files, in a forked child whose namespace ends with it)."""
+    import shutil
+    import tempfile
+
+    try:
+        mount_calls()
+    except (OSError, AttributeError) as exc:
+        return f"cannot load the C library's unshare and mount: {exc}"
+    workdir = tempfile.mkdtemp(prefix="cosched-mount-probe-")
+    try:
+        mask, target = os.path.join(workdir, "mask"), os.path.join(workdir, "target")
+        make_mask(mask)
+        with open(target, "w", encoding="ascii") as f:
+            f.write("x")
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: only system calls, then _exit
+            code = 0
+            try:
+                os.close(read_fd)
+                hide_paths([target], mask)
+                if os.stat(target).st_size != 0:
+                    raise OSError(0, "the bind mount did not take")
+            except BaseException as exc:  # noqa: BLE001 (reported to the parent)
+                with contextlib.suppress(OSError):
+                    os.write(write_fd, str(exc).encode(errors="replace")[:400])
+                code = 1
+            os._exit(code)
+        os.close(write_fd)
+        with os.fdopen(read_fd, "rb") as pipe:
+            message = pipe.read().decode(errors="replace")
+        _, status = os.waitpid(pid, 0)
+        if os.waitstatus_to_exitcode(status) == 0:
+            return ""
+        return f"cannot make a private mount namespace ({message or 'the probe failed'})"
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 # --- applied by the runner ------------------------------------------------------------------------
 
 
 class JobLaunch:
     """What the runner applies when it starts one job: ``spec["isolation"]``, written by the
-    agent: ``account`` (``Account.to_dict``; absent: no switch) and ``limits``
-    (``Limits.for_job``)."""
+    agent: ``account`` (``Account.to_dict``; absent: no switch), ``limits``
+    (``Limits.for_job``) and ``gpu_devices`` (``GpuDevices.for_job``; absent: nothing hidden)."""
 
     def __init__(self, data: dict | None) -> None:
         data = data or {}
@@ -400,6 +589,21 @@ class JobLaunch:
         self.limits = dict(data.get("limits") or {})
         self.cgroup: str | None = self.limits.get("cgroup")
         self.cgroup_error = ""
+        devices = data.get("gpu_devices") or {}
+        self.mask: str | None = devices.get("mask")
+        self.hide: list[list[str]] = [[str(p) for p in paths] for paths in devices.get("hide", ())]
+
+    def hidden_for(self, process: int) -> list[str]:
+        """The device nodes process number ``process`` of the job (in start order) must not
+        open; one list stands for every process. Raises IsolationError when the spec has none
+        for it (the process must not start unconstrained)."""
+        if not self.hide:
+            return []
+        if len(self.hide) == 1:
+            return self.hide[0]
+        if not 0 <= process < len(self.hide):
+            raise IsolationError(f"no GPU devices to hide given for process {process}")
+        return self.hide[process]
 
     @property
     def switches(self) -> bool:
@@ -438,6 +642,11 @@ class JobLaunch:
             os.chmod(directory, 0o700)
         if self.cgroup:
             self._make_cgroup()
+        if any(self.hide):
+            if not self.mask:
+                raise IsolationError("GPU devices to hide, but no mask file")
+            make_mask(self.mask)
+            mount_calls()  # loaded here: the child only calls them
 
     def _make_cgroup(self) -> None:
         path = str(self.cgroup)
@@ -475,19 +684,20 @@ class JobLaunch:
         env.update(HOME=home, USER=target.name, LOGNAME=target.name, SHELL="/bin/sh")
         return env
 
-    def preexec(self) -> None:
-        """In the job's process, after ``fork``, before ``exec`` (``Popen(preexec_fn=...)``):
-        join the cgroup, set the fallback limits, drop to the account. Raises on failure (said
-        in the job's log first: its stderr is the log already), so the job never runs with the
-        runner's privileges."""
+    def preexec(self, process: int = 0) -> None:
+        """In the job's process number ``process`` (start order), after ``fork``, before
+        ``exec`` (``Popen(preexec_fn=...)``): join the cgroup, set the fallback limits, hide the
+        GPU device nodes it was not given (``hidden_for``), drop to the account. Raises on
+        failure (said in the job's log first: its stderr is the log already), so the job never
+        runs with the runner's privileges or other jobs' GPUs."""
         try:
-            self._preexec()
+            self._preexec(process)
         except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.write(2, f"[cosched] the job cannot start: {exc}\n".encode(errors="replace"))
             raise
 
-    def _preexec(self) -> None:
+    def _preexec(self, process: int) -> None:
         if self.cgroup:
             _write(os.path.join(self.cgroup, "cgroup.procs"), "0")
         limit_mb = self.limits.get("rlimit_as_mb")
@@ -495,6 +705,11 @@ class JobLaunch:
             limit = int(limit_mb) * 2**20
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         os.umask(0o077)
+        hidden = self.hidden_for(process)
+        if hidden:
+            if not self.mask:
+                raise IsolationError("GPU devices to hide, but no mask file")
+            hide_paths(hidden, self.mask)
         target = self.target
         if target is not None:
             os.setgroups(list(target.groups))

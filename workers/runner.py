@@ -30,6 +30,8 @@ Files (JSON, each written atomically: a temporary file renamed into place):
   ``time_limit_s`` and ``time_limit_grace_s`` (optional: the job's time limit, counted in
   running time, and the SIGTERM-to-SIGKILL grace when it is reached), ``checkpoint_dir``
   (optional: created with the working directory; kept across the job's attempts).
+- ``ATTEMPT_DIR/gpu-mask`` (runner, before the start, when the job's ``isolation`` hides GPU
+  devices): the empty mode-0000 file mounted over them (``workers.isolation``).
 - ``ATTEMPT_DIR/runner.json`` (runner, at once): ``pid``, ``start_ticks`` (its start time in
   clock ticks since boot: a reused pid is not mistaken for it).
 - ``ATTEMPT_DIR/job.json`` (runner, once the job started): ``pid``, ``pgid``, ``start_ticks``,
@@ -55,6 +57,7 @@ it without ``site``: a runner costs a few milliseconds of CPU just when its job 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import select
@@ -72,6 +75,7 @@ JOB = "job.json"
 STOP = "stop.json"
 RESULT = "result.json"
 REPORTED = "reported.json"
+GPU_MASK = "gpu-mask"
 CHECK_EVERY_S = 0.25  # how often the lease file is looked at
 DEFAULT_GRACE_S = 10.0
 
@@ -303,7 +307,8 @@ class Runner:
         log = str(spec["log"])
         ranks = spec.get("ranks") or [{}]
         # Isolation (workers.isolation): the job's account, its private log and working
-        # directory, its cgroup; applied in the child before exec.
+        # directory, its cgroup, the GPU device nodes each process may not open; applied in
+        # the child before exec.
         self.isolation = iso = isolation.JobLaunch(spec.get("isolation"))
         try:
             iso.prepare(log, str(spec["cwd"]), private_dirs=self.job_dirs())
@@ -311,7 +316,7 @@ class Runner:
                 if iso.cgroup_error:
                     out.write(f"[cosched] no cgroup limits: {iso.cgroup_error}\n".encode())
                     out.flush()
-                for extra in ranks:
+                for number, extra in enumerate(ranks):
                     self.procs.append(
                         subprocess.Popen(
                             spec["argv"],
@@ -322,10 +327,11 @@ class Runner:
                             stderr=subprocess.STDOUT,
                             start_new_session=True,
                             close_fds=True,
-                            preexec_fn=iso.preexec,  # the runner has one thread: fork-safe
+                            # The runner has one thread: fork-safe.
+                            preexec_fn=functools.partial(iso.preexec, number),
                         )
                     )
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, subprocess.SubprocessError, isolation.IsolationError) as exc:
             for proc in self.procs:  # ranks already started go with the one that could not
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)

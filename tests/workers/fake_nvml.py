@@ -111,6 +111,7 @@ class FakeGpu:
     memory_used_mb: float = 0.0
     util_pct: int = 0
     sm_count: int | None = 80
+    minor_number: int | None = None  # None: NOT_SUPPORTED
     processes: dict[int, float | None] = field(default_factory=dict)  # pid -> MB (None: hidden)
     mig_enabled: bool | None = None  # None: MIG not supported on this model
     mig_pending: bool | None = None  # MIG mode after the next reset (None: as now)
@@ -223,6 +224,12 @@ class FakeNvml:
         if handle.mig:
             return self._memory(handle.mig.memory_total_mb, handle.mig.memory_used_mb)
         return self._memory(handle.gpu.memory_total_mb, handle.gpu.memory_used_mb)
+
+    def nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:
+        self._enter("nvmlDeviceGetMinorNumber", handle)
+        if handle.mig or handle.gpu.minor_number is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return handle.gpu.minor_number
 
     def nvmlDeviceGetUtilizationRates(self, handle: _Handle) -> SimpleNamespace:
         self._enter("nvmlDeviceGetUtilizationRates", handle)

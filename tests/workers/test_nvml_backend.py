@@ -80,6 +80,12 @@ def test_devices_map_names_to_catalogue_models():
     # NVML cannot tell the SM count: the catalogue's is used
     assert devices[1].sm_count == 80
     assert not devices[0].mig_enabled and devices[0].mig_devices == ()
+    assert devices[0].minor_number is None  # NVML cannot tell: the agent uses the index
+
+
+def test_devices_carry_the_minor_number_of_their_device_node():
+    fake = FakeNvml([FakeGpu(uuid="GPU-a", minor_number=3), FakeGpu(uuid="GPU-b", minor_number=0)])
+    assert [d.minor_number for d in NvmlBackend(nvml=fake).devices()] == [3, 0]
 
 
 def test_sample_reads_util_memory_and_per_process_memory():

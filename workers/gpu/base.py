@@ -55,6 +55,7 @@ class DeviceInfo:
     sm_count: int | None = None
     mig_enabled: bool = False
     mig_devices: tuple[MigDeviceInfo, ...] = ()
+    minor_number: int | None = None  # of its device node, /dev/nvidia<minor> (NVML), if known
 
 
 @dataclass(frozen=True, slots=True)

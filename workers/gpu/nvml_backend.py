@@ -7,7 +7,8 @@ tests can hand it a fake; the backend only uses pynvml's public names, and catch
 Readings: memory from ``nvmlDeviceGetMemoryInfo`` (bytes -> MiB), utilisation from
 ``nvmlDeviceGetUtilizationRates().gpu`` (None where NVML does not support it, e.g. a GPU in MIG
 mode), per-process memory from ``nvmlDeviceGetComputeRunningProcesses`` (processes whose memory
-NVML cannot see are left out), MIG instances from ``nvmlDeviceGetMigDeviceHandleByIndex``.
+NVML cannot see are left out), MIG instances from ``nvmlDeviceGetMigDeviceHandleByIndex``, the
+minor number of each GPU's device node (``/dev/nvidia<minor>``) from ``nvmlDeviceGetMinorNumber``.
 
 MIG layouts (``apply_mig_layout``): checked against the catalogue's placement rules first;
 then MIG mode is switched on if needed (the driver applies it at the next GPU reset, which we
@@ -222,6 +223,7 @@ class NvmlBackend:
                     sm_count=sm_count,
                     mig_enabled=mig_enabled,
                     mig_devices=tuple(migs),
+                    minor_number=self._optional(n.nvmlDeviceGetMinorNumber, handle),
                 )
             )
         return out
