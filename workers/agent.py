@@ -70,7 +70,7 @@ from scheduler.catalog import UnknownGpuModel, gpu_spec
 from scheduler.domain import JobKind, Placement, Profile, SharingMode
 from workers import runner as runner_files
 from workers.gpu.base import DeviceInfo, GpuBackend, GpuBackendError
-from workers.isolation import GpuDevices, IsolationError, JobUsers, Limits
+from workers.isolation import GpuDevices, IsolationError, JobUsers, Limits, node_isolation
 from workers.launcher import LaunchError, build_env, is_portal_variable, new_reports, tail
 from workers.profiles import ProfileFormatError, profile_from_json, profiles_document
 from workers.protocol import (
@@ -531,6 +531,7 @@ class NodeAgent:
             backend=self.backend_name,
             gpus=tuple(device_row(d) for d in devices),
             address=self.address,
+            isolation=node_isolation(self.job_users, self.limits, self.gpu_devices),
         )
 
     def _sync(self, urgent: bool = False) -> SyncReply | None:

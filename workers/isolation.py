@@ -303,6 +303,12 @@ class JobUsers:
             )
         return Account.lookup(self.fallback)
 
+    def level(self) -> str:
+        """``ok`` when each job runs as its owner's account, else ``weak`` (every job runs as
+        one account: jobs of different users can read each other's files and stop each other;
+        as root, the agent's too)."""
+        return "ok" if self.mode == OWNER else "weak"
+
     def describe(self) -> str:
         """The mode in words, for the agent's start-up line."""
         if self.mode == OWNER:
@@ -375,6 +381,10 @@ class Limits:
                 f"as root or delegate that subtree to it",
             )
         return cls("cgroup", root=root)
+
+    def level(self) -> str:
+        """``ok`` with a cgroup per job, else ``weak`` (the rlimit fallback)."""
+        return "ok" if self.kind == "cgroup" else "weak"
 
     def describe(self) -> str:
         if self.kind == "cgroup":
@@ -465,6 +475,13 @@ class GpuDevices:
         if failure:
             return cls("none", nodes, reason=failure)
         return cls("namespace", nodes)
+
+    def level(self) -> str:
+        """``ok`` when hidden, ``n/a`` without device nodes (no GPUs, virtual GPUs), else
+        ``weak``."""
+        if self.constrained:
+            return "ok"
+        return "weak" if self.nodes else "n/a"
 
     def describe(self) -> str:
         """The node's GPU device isolation in words, for the agent's start-up line."""
@@ -733,3 +750,16 @@ class JobLaunch:
                 return
             except OSError:
                 time.sleep(0.05)
+
+
+def node_isolation(
+    users: JobUsers, limits: Limits | None, devices: GpuDevices | None
+) -> tuple[dict[str, str], ...]:
+    """How a node keeps its jobs apart, as ``NodeInfo.isolation`` reports it: one entry per
+    aspect known (``limits`` and ``devices`` are None until the agent detected them)."""
+    out = [{"what": "accounts", "level": users.level(), "text": users.describe()}]
+    if limits is not None:
+        out.append({"what": "limits", "level": limits.level(), "text": limits.describe()})
+    if devices is not None:
+        out.append({"what": "gpu_devices", "level": devices.level(), "text": devices.describe()})
+    return tuple(out)

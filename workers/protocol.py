@@ -75,6 +75,10 @@ RUN_STATES = ("starting", "running", "paused", "stopping")
 #   lost           the agent lost track of it (its runner vanished); its processes were killed
 #   time_limit     it ran past its time limit (``AttemptSpec.time_limit_s``): the runner
 #                  stopped it (SIGTERM, then SIGKILL after the grace)
+# NodeInfo.isolation: the aspects a node reports (which account runs a job, its core and memory
+# limits, the GPU device nodes it may open) and how well each is held.
+ISOLATION_ASPECTS = ("accounts", "limits", "gpu_devices")
+ISOLATION_LEVELS = ("ok", "weak", "n/a")
 OUTCOMES = ("exited", "killed", "stopped", "lease_expired", "launch_failed", "lost", "time_limit")
 #: SIGTERM, then SIGKILL after this many seconds, when the agent stops an attempt that is no
 #: longer desired (preempted, requeued, cancelled) or over its time limit; the portal's
@@ -561,7 +565,10 @@ class LogTail:
 class NodeInfo:
     """What a node is, as its agent sees it (registration). ``gpus``: one object per device
     with ``index`` and the ``Gpu`` row fields (``uuid``, ``model``, ``architecture``,
-    ``memory_mb``, ``sm_count``, ``sharing_modes``, ``mig_profiles``)."""
+    ``memory_mb``, ``sm_count``, ``sharing_modes``, ``mig_profiles``). ``isolation``: how the
+    node keeps jobs apart, one object per aspect (``what``: ``ISOLATION_ASPECTS``; ``level``:
+    ``ISOLATION_LEVELS``; ``text``: the agent's description, ``workers.isolation``); empty from
+    an agent that does not say."""
 
     kind: str
     cores: int
@@ -569,6 +576,7 @@ class NodeInfo:
     backend: str
     gpus: tuple[Mapping[str, Any], ...] = ()
     address: str = ""
+    isolation: tuple[Mapping[str, str], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return message_dict(self)
@@ -584,6 +592,14 @@ class NodeInfo:
             g.int("memory_mb", minimum=0)
             return dict(value)
 
+        def aspect(value: Any, where: str) -> Mapping[str, str]:
+            a = _Reader(value, where)
+            return {
+                "what": a.choice("what", ISOLATION_ASPECTS),
+                "level": a.choice("level", ISOLATION_LEVELS),
+                "text": a.str("text", limit=4000),
+            }
+
         return cls(
             kind=r.choice("kind", ("gpu", "cpu")),
             cores=r.int("cores", minimum=1),
@@ -591,6 +607,7 @@ class NodeInfo:
             backend=r.choice("backend", ("virtual", "nvml")),
             gpus=tuple(r.list("gpus", gpu)),
             address=r.str("address", required=False),
+            isolation=tuple(r.list("isolation", aspect)),
         )
 
 

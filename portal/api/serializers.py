@@ -649,6 +649,12 @@ class GpuSerializer(serializers.ModelSerializer):
 
 class NodeSerializer(serializers.ModelSerializer):
     gpus = GpuSerializer(many=True, read_only=True)
+    isolation = serializers.JSONField(
+        read_only=True,
+        help_text="staff only (null for others): how the node keeps jobs apart, as its agent "
+        'reported: [{"what": "accounts" | "limits" | "gpu_devices", "level": "ok" | "weak" | '
+        '"n/a", "text"}]',
+    )
 
     class Meta:
         model = Node
@@ -662,7 +668,15 @@ class NodeSerializer(serializers.ModelSerializer):
             "status",
             "last_heartbeat",
             "gpus",
+            "isolation",
         ]
+
+    def to_representation(self, instance: Node) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        request = self.context.get("request")
+        if request is None or not request.user.is_staff:
+            data["isolation"] = None  # accounts, paths: the operators' business
+        return data
 
 
 class MeSerializer(serializers.Serializer):

@@ -199,6 +199,7 @@ def _register(request: SyncRequest) -> None:
         backend=info.backend,
         gpus=[dict(g) for g in info.gpus],
         address=info.address,
+        isolation=[dict(a) for a in info.isolation],
     )
 
 

@@ -193,9 +193,22 @@ class Node(models.Model):
     # The newest agent request applied (workers.protocol: requests apply in this order only).
     sync_seq = models.BigIntegerField(default=0)
     agent_instance = models.CharField(max_length=64, blank=True)
+    # How the node keeps its jobs apart, as its agent reported at registration
+    # (workers.protocol.NodeInfo.isolation: [{"what", "level", "text"}]; [] when not said).
+    isolation = models.JSONField(default=list, blank=True)
+
+    ISOLATION_LABELS = {"accounts": "accounts", "limits": "limits", "gpu_devices": "GPU devices"}
 
     class Meta:
         ordering = ["name"]
+
+    def isolation_rows(self) -> list[dict[str, str]]:
+        """``isolation`` with a label per aspect, for the cluster page."""
+        return [
+            {**a, "label": self.ISOLATION_LABELS.get(a.get("what", ""), a.get("what", ""))}
+            for a in self.isolation or []
+            if isinstance(a, dict)
+        ]
 
     def __str__(self) -> str:
         return self.name

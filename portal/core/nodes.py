@@ -72,12 +72,14 @@ def node_register(
     backend: str,
     gpus: list[dict[str, Any]],
     address: str = "",
+    isolation: list[dict[str, str]] | None = None,
 ) -> Node:
     """Create or update node ``name`` and its GPUs as its agent sees them; status UP.
 
     ``gpus`` holds one dict per device with ``index`` and the ``Gpu`` fields (``uuid``,
     ``model``, ``architecture``, ``memory_mb`` (MB), ``sm_count``, ``sharing_modes``,
-    ``mig_profiles``). Rows are matched by index, so a GPU keeps its primary key (and its
+    ``mig_profiles``); ``isolation`` how the node keeps jobs apart (``NodeInfo.isolation``).
+    Rows are matched by index, so a GPU keeps its primary key (and its
     placements and metric history) across agent restarts; ``current_mode`` is left alone. A GPU
     row the agent no longer reports is deleted unless an active placement still holds it (that
     one is kept, logged, and its job ends or is requeued the usual way). A DRAINING node stays
@@ -95,6 +97,7 @@ def node_register(
                 "status": Node.Status.UP,
                 "last_heartbeat": now,
                 "address": address,
+                "isolation": isolation or [],
             },
         )
         if not created:
@@ -108,6 +111,7 @@ def node_register(
                 status=status,
                 last_heartbeat=now,
                 address=address,
+                isolation=isolation or [],
             )
         reported = set()
         for device in gpus:

@@ -236,6 +236,20 @@ def test_the_first_sync_registers_the_node_its_gpus_and_its_lease(node, agent):
     assert lease["deadline"] > runner_files.lease_clock() + 5  # 20 s lease by default
 
 
+def test_the_node_reports_how_it_keeps_jobs_apart(node, agent):
+    assert agent.step()
+    node.refresh_from_db()
+    aspects = {a["what"]: a for a in node.isolation}
+    assert list(aspects) == ["accounts", "limits", "gpu_devices"]
+    # every job runs as this process's account: one account for every user's jobs
+    assert aspects["accounts"]["level"] == "weak"
+    assert aspects["accounts"]["text"] == agent.job_users.describe()
+    assert aspects["limits"]["text"] == agent.limits.describe()
+    assert aspects["limits"]["level"] == ("ok" if agent.limits.kind == "cgroup" else "weak")
+    assert aspects["gpu_devices"]["level"] == "n/a"  # virtual GPUs have no device nodes
+    assert "virtual GPUs have no device nodes" in aspects["gpu_devices"]["text"]
+
+
 def test_an_emulated_job_runs_to_completed_with_gpu_and_job_metrics(
     alice, node, agent, backend, profile
 ):

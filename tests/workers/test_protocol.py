@@ -65,6 +65,19 @@ def test_a_request_survives_its_json_form():
     assert again.results[0].succeeded and again.running[0].key == AttemptKey(12, 2)
 
 
+def test_node_info_carries_the_nodes_isolation_and_refuses_an_unknown_level():
+    aspect = {"what": "gpu_devices", "level": "ok", "text": "GPU devices: constrained"}
+    info = NodeInfo("gpu", 16, 65536, "nvml", isolation=(aspect,))
+    request = SyncRequest(node="gpu-1", instance="abc", seq=1, sent_at=1.0, info=info)
+    assert SyncRequest.from_json(request.to_json()).info == info
+    data = json.loads(request.to_json())
+    data["info"]["isolation"][0]["level"] = "great"
+    with pytest.raises(ProtocolError, match=r"info\.isolation\[0\]\.level: 'great' is not one"):
+        SyncRequest.from_json(json.dumps(data))
+    del data["info"]["isolation"]  # an agent that does not say
+    assert SyncRequest.from_json(json.dumps(data)).info.isolation == ()
+
+
 def test_a_reply_survives_its_json_form():
     reply = SyncReply(
         node="gpu-1",
