@@ -93,6 +93,7 @@ WINDOW_FIELDS = (
     "remaining_steps",
     "elapsed_s",
     "checkpointed",
+    "local_batch",
 )
 
 
@@ -116,6 +117,7 @@ def elastic_window_parse(data: Any) -> dict[str, Any]:
     values.setdefault("remaining_steps", 0.0)
     values.setdefault("elapsed_s", 0.0)
     values.setdefault("checkpointed", False)
+    values.setdefault("local_batch", None)
     if not any(name in errors for name in WINDOW_FIELDS[:3]):
         errors.update(_window_errors(**values))
     if errors:
@@ -131,8 +133,15 @@ def _window_errors(
     remaining_steps: Any,
     elapsed_s: Any = 0.0,
     checkpointed: Any = False,
+    local_batch: Any = None,
 ) -> dict[str, list[str]]:
     errors: dict[str, list[str]] = {}
+    if local_batch is not None and (
+        not isinstance(local_batch, int)
+        or isinstance(local_batch, bool)
+        or not 1 <= local_batch <= 10**7
+    ):
+        errors["local_batch"] = ["must be a whole number of samples between 1 and 10^7"]
     if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= 4096:
         errors["workers"] = ["must be a whole number between 1 and 4,096"]
     if not isinstance(batches, int) or isinstance(batches, bool) or not 1 <= batches <= 10**9:
@@ -164,11 +173,16 @@ def elastic_window_report(
     remaining_steps: float = 0.0,
     elapsed_s: float = 0.0,
     checkpointed: bool = False,
+    local_batch: int | None = None,
 ) -> dict[str, Any]:
     """Fold one statistics window (every 10 mini-batches) of a running elastic job into its
     engine state, and carry out a proposed change at this safe point (ALGORITHMS.md §6).
 
     ``workers``: the count the window ran at (the ranks of the job's current attempt).
+    ``local_batch``: the samples per rank in each of the window's mini-batches, when the job
+    follows the answer's ``local_batch`` (a maximum global batch); the engine then counts in
+    mini-batches of the job's reference size (its profile's batch size, else its maximum global
+    batch), so counts with different local batches compare (``reference_units``).
     ``checkpointed``: the job saved its state after this window, so it may be regrouped now;
     a proposed change is then applied (the next attempt is written: module docstring) or
     refused (no idle GPU left for it). Returns ``{"workers": the count to run with,
@@ -179,7 +193,14 @@ def elastic_window_report(
     the attempt's.
     """
     errors = _window_errors(
-        workers, batches, seconds, list(rank_rates), remaining_steps, elapsed_s, checkpointed
+        workers,
+        batches,
+        seconds,
+        list(rank_rates),
+        remaining_steps,
+        elapsed_s,
+        checkpointed,
+        local_batch,
     )
     spec = engine.elastic_job_of(_spec_of(job))
     if spec is None:
@@ -207,6 +228,7 @@ def elastic_window_report(
         if pending is not None and placement is not None and pending.at < placement.created_at:
             _refuse(job, pending, "the job was placed again before it could be applied")
             state, pending = engine.end_transition(state), None
+        seconds, remaining_steps = reference_units(spec, seconds, remaining_steps, local_batch)
         window = engine.Window(
             workers,
             batches,
@@ -248,6 +270,22 @@ def elastic_window_report(
         "regroup": regroup is not None,
         "attempt": None if regroup is None else regroup.attempt,
     }
+
+
+def reference_units(
+    spec: engine.ElasticJob, seconds: float, remaining_steps: float, local_batch: int | None
+) -> tuple[float, float]:
+    """A window's ``seconds`` and ``remaining_steps`` in mini-batches of the job's reference
+    size (its own local batch, else its maximum global batch): ``batches`` mini-batches of
+    ``local_batch`` samples are ``batches * local_batch / reference`` reference ones, done in
+    the same time, so the time per reference mini-batch is ``seconds * reference /
+    local_batch``, and the steps left scale the other way. Unchanged without ``local_batch`` or
+    a reference (the local batch then never changes with the count)."""
+    reference = spec.local_batch or spec.max_global_batch
+    if not local_batch or not reference:
+        return float(seconds), float(remaining_steps)
+    factor = local_batch / reference
+    return float(seconds) / factor, float(remaining_steps) * factor
 
 
 def _refuse(job: Job, change: ElasticChange, why: str) -> None:

@@ -67,6 +67,20 @@ def test_windows_reach_the_engine_and_the_answer_comes_back(live_server, job):
     assert job.elastic_state["workers"] == 3 and not job.elastic_state["in_transition"]
 
 
+def test_a_window_in_a_changed_local_batch_is_counted_in_reference_mini_batches(live_server, job):
+    # a maximum global batch of 1,024 and no profiled batch size: the reference is 1,024, so
+    # 10 mini-batches of 512 samples in 0.5 s are 10 reference mini-batches per second
+    Job.objects.filter(pk=job.pk).update(max_global_batch=1024)
+    env = {"COSCHED_API_URL": live_server.url, "COSCHED_JOB_TOKEN": job_token(job.pk, 1)}
+    client = TrainingClient(environ=env)
+    for _ in range(3):
+        reply = client.report_window(2, 10, 0.5, [1.0, 1.0], 1000.0, local_batch=512)
+    assert reply is not None and reply["local_batch"] == 512  # 1,024 over 2 workers
+    job.refresh_from_db()
+    assert job.elastic_state["measured"][0][:2] == [2, pytest.approx(10.0)]
+    assert job.elastic_state["remaining_steps"] == pytest.approx(500.0)
+
+
 def test_bad_windows_and_bad_tokens_are_refused(live_server, job):
     import json
     import urllib.error
@@ -90,6 +104,11 @@ def test_bad_windows_and_bad_tokens_are_refused(live_server, job):
     assert code == 400 and {"speed", "workers", "seconds"} <= set(body["errors"])
     code, body = post({"workers": 2, "batches": 10, "seconds": 1.0, "checkpointed": 1}, token)
     assert code == 400 and body["errors"] == {"checkpointed": ["must be true or false"]}
+    code, body = post({"workers": 2, "batches": 10, "seconds": 1.0, "local_batch": 0}, token)
+    assert code == 400
+    assert body["errors"] == {
+        "local_batch": ["must be a whole number of samples between 1 and 10^7"]
+    }
     code, body = post({"workers": 0, "batches": 10, "seconds": -1}, token)
     assert code == 400 and {"workers", "seconds"} <= set(body["errors"])
     code, body = post({"workers": 2, "batches": 10}, token)

@@ -218,16 +218,19 @@ class TrainingClient:
         rank_rates: Sequence[float] = (),
         remaining_steps: float = 0.0,
         checkpointed: bool = False,
+        local_batch: int | None = None,
     ) -> dict[str, Any] | None:
         """Elastic jobs (docs/elastic.md): one statistics window of ``batches`` mini-batches
         (10 in the paper) run at ``workers`` in ``seconds``, each rank's own throughput and
         the steps left; ``checkpointed``: the job saved its state after this window, so the
-        portal may regroup it now. Returns the portal's answer (``workers``: the count the
-        engine wants; ``replace_ranks``: ranks to be replaced by spares; ``local_batch``;
-        ``explanation``; ``regroup``: True when the portal has just regrouped the job: this
-        attempt's ranks will be stopped and the next attempt resumes from the checkpoint with
-        the new ``WORLD_SIZE``, so stop training and wait), None when disabled or unreachable.
-        ``workers`` is kept in ``self.workers``."""
+        portal may regroup it now; ``local_batch``: the samples per rank in each of those
+        mini-batches, for a job that follows the answer's ``local_batch`` (the portal then
+        compares counts in mini-batches of one size). Returns the portal's answer
+        (``workers``: the count the engine wants; ``replace_ranks``: ranks to be replaced by
+        spares; ``local_batch``; ``explanation``; ``regroup``: True when the portal has just
+        regrouped the job: this attempt's ranks will be stopped and the next attempt resumes
+        from the checkpoint with the new ``WORLD_SIZE``, so stop training and wait), None when
+        disabled or unreachable. ``workers`` is kept in ``self.workers``."""
         if not self.enabled:
             return None
         body = {
@@ -239,6 +242,8 @@ class TrainingClient:
             "elapsed_s": self.clock() - self._t0,
             "checkpointed": bool(checkpointed),
         }
+        if local_batch is not None:
+            body["local_batch"] = int(local_batch)
         data = self._post_json(ELASTIC_PATH, body)
         if data is not None and data.get("workers"):
             self.workers = int(data["workers"])
