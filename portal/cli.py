@@ -657,6 +657,57 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
     return EXIT_OK
 
 
+def cmd_nodes(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """The cluster's nodes, as ``sinfo`` lists a Slurm partition; staff also see how each node
+    keeps its jobs apart (``NodeInfo.isolation``)."""
+    nodes: list[dict[str, Any]] = []
+    page = 1
+    while True:
+        _, data = client.request("GET", "/api/v1/nodes/", params={"page_size": 500, "page": page})
+        nodes.extend(data.get("results", []) if isinstance(data, dict) else data)
+        if not isinstance(data, dict) or not data.get("next"):
+            break
+        page += 1
+    if args.json:
+        _emit_json(nodes, out)
+        return EXIT_OK
+    if not nodes:
+        out.write("No nodes: a node appears when its agent first syncs (docs/nodes.md).\n")
+        return EXIT_OK
+    staff = any(node.get("isolation") is not None for node in nodes)
+    headers = ["NODE", "STATUS", "KIND", "GPUS", "CORES", "MEMORY", "HEARTBEAT"]
+    rows = []
+    for node in nodes:
+        models: dict[str, int] = {}
+        for gpu in node.get("gpus") or []:
+            models[gpu.get("model", "?")] = models.get(gpu.get("model", "?"), 0) + 1
+        gpus = ", ".join(f"{n} {m}" for m, n in models.items()) or "-"
+        memory = node.get("memory_mb") or 0
+        row = [
+            node.get("name", ""),
+            node.get("status", ""),
+            node.get("kind", ""),
+            gpus,
+            node.get("cores", ""),
+            f"{memory / 1024:.0f} GB" if memory else "-",
+            _when(node["last_heartbeat"])[:16] if node.get("last_heartbeat") else "never",
+        ]
+        if staff:
+            row.append(_isolation_text(node.get("isolation")))
+        rows.append(row)
+    out.write(_table(rows, headers + (["ISOLATION"] if staff else [])) + "\n")
+    return EXIT_OK
+
+
+def _isolation_text(aspects: Any) -> str:
+    """``ok``, ``weak: accounts, limits`` or ``not reported`` (an agent that does not say)."""
+    if not aspects:
+        return "not reported"
+    labels = {"accounts": "accounts", "limits": "limits", "gpu_devices": "GPU devices"}
+    weak = [labels.get(a.get("what"), a.get("what")) for a in aspects if a.get("level") == "weak"]
+    return "weak: " + ", ".join(weak) if weak else "ok"
+
+
 def cmd_projects(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     _, rows = client.request("GET", "/api/v1/projects/")
     if args.json:
@@ -932,6 +983,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="cut waiting reasons to this many characters (0: whole; default 70)",
     )
     p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser(
+        "nodes",
+        parents=[common],
+        help="the cluster's nodes: status, GPUs, cores (staff: how each keeps jobs apart)",
+    )
+    p.set_defaults(func=cmd_nodes)
 
     p = sub.add_parser(
         "projects",

@@ -76,3 +76,26 @@ def test_staff_see_each_nodes_isolation_and_users_do_not(
     ]  # fmt: skip
     assert by_name["gpu-old"]["isolation"] == []
     assert all(n["isolation"] is None for n in alice_api.get("/api/v1/nodes/").json()["results"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_cosched_nodes_lists_the_nodes_and_shows_staff_their_isolation(live_server, alice, staff):
+    from portal.front.services import token_create
+    from tests.portal.test_cli import run_cli
+
+    isolation = node_isolation(
+        JobUsers.single("root"), WEAK_LIMITS, GpuDevices("namespace", {0: "/dev/nvidia0"})
+    )
+    _register("gpu-iso", isolation)
+    _register("gpu-old", ())
+    as_staff = run_cli("nodes", url=live_server.url, token=token_create(staff, name="t")[1])
+    assert as_staff.code == 0, as_staff.err
+    lines = as_staff.out.splitlines()
+    assert lines[0].split() == [
+        "NODE", "STATUS", "KIND", "GPUS", "CORES", "MEMORY", "HEARTBEAT", "ISOLATION",
+    ]  # fmt: skip
+    iso_row = next(line for line in lines if line.startswith("gpu-iso"))
+    assert "1 A30" in iso_row and iso_row.endswith("weak: accounts, limits")
+    assert next(line for line in lines if line.startswith("gpu-old")).endswith("not reported")
+    as_user = run_cli("nodes", url=live_server.url, token=token_create(alice, name="t")[1])
+    assert as_user.code == 0 and "ISOLATION" not in as_user.out and "gpu-iso" in as_user.out
