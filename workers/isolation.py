@@ -490,6 +490,8 @@ class GpuDevices:
                 "GPU devices: constrained (private mount namespace per job; a job running as "
                 "root can undo it)"
             )
+        if not self.nodes:
+            return f"GPU devices: none to hide ({self.reason})"
         return f"GPU devices: not constrained ({self.reason})"
 
     def for_job(self, process_gpus: Sequence[Sequence[int]], mask: str) -> dict | None:

@@ -76,7 +76,7 @@ def test_which_node_hides_what_by_default():
     stand_ins = gpu_devices_for(VirtualBackend("A30x2", node="n"), "virtual", "/d", sys_admin=False)
     assert stand_ins.nodes == {0: "/d/nvidia0", 1: "/d/nvidia1"}
     assert gpu_devices_for(None, "virtual", "/d").describe() == (
-        "GPU devices: not constrained (a node without GPUs)"
+        "GPU devices: none to hide (a node without GPUs)"
     )
 
 
