@@ -207,6 +207,19 @@ class JobSpec:
     time_limit_s: float | None = None
     # The project (team) the job is accounted to: quotas and fair share (docs/projects.md).
     project: str | None = None
+    # Observed, not predicted: the job types (``type_key``) this job was OOM-killed beside on a
+    # shared GPU. Co-locating policies do not place it beside them again (framework), so a
+    # pair that cannot co-run is not tried over and over.
+    oom_with: frozenset[str] = frozenset()
+
+    def type_key(self) -> str:
+        """What makes two jobs interchangeable for pooling, scoring and ``oom_with``: the job
+        type, else the profile name, else the job id."""
+        if self.job_type:
+            return self.job_type
+        if self.profile is not None and self.profile.name:
+            return self.profile.name
+        return f"#{self.id}"
 
     def memory_need_mb(self) -> float:
         """GPU memory per GPU this job needs: asked, else profiled max, else 0."""

@@ -73,6 +73,10 @@ Feasibility rules (all policies built on this class):
   memory) for the job next to the residents, or for a resident next to the job. Otherwise a
   co-locating policy would place the job there, the co-run would be killed at once (an OOM),
   the job requeued and placed there again: an OOM cascade. The waiting reason names the pair.
+- A shared GPU is no candidate for a job that was OOM-killed beside a job of one of its
+  residents' types, or whose resident was killed beside the job's type (``JobSpec.oom_with``:
+  what a job was observed to die beside, filled by the simulator at a requeue): the pair is
+  not tried again, whatever a model predicts.
 - With ``backfill`` off, the first job that cannot be placed blocks the rest of the queue.
 - **Reservations** (``reserve``, with ``backfill`` on: EASY backfilling, as Slurm's backfill
   scheduler does). The first job in the policy's order that asks more than one GPU, cannot
@@ -175,12 +179,21 @@ def gb(mb: float) -> str:
 
 def job_type_key(job: JobSpec) -> str:
     """What makes two jobs interchangeable for pooling and scoring: the job type, else the
-    profile name, else the job id (no pooling)."""
-    if job.job_type:
-        return job.job_type
-    if job.profile is not None and job.profile.name:
-        return job.profile.name
-    return f"#{job.id}"
+    profile name, else the job id (no pooling). ``JobSpec.type_key``."""
+    return job.type_key()
+
+
+def oom_beside(job: JobSpec, residents: Sequence[str], shunned: frozenset[str]) -> str | None:
+    """Why ``job`` may not join a shared GPU whose residents have the types ``residents`` and
+    were OOM-killed beside the types ``shunned`` (a shared pool key's last two entries), or
+    None: it was killed beside one of those residents' types, or one of them beside its type
+    (``JobSpec.oom_with``)."""
+    if job.oom_with and not job.oom_with.isdisjoint(residents):
+        return " + ".join(sorted(job.oom_with.intersection(residents)))
+    own = job_type_key(job)
+    if own in shunned:
+        return f"a resident killed beside {own}"
+    return None
 
 
 class WorkGpu:
@@ -459,6 +472,8 @@ class WorkingView:
         self.failures: dict[tuple[Any, ...], str] = {}
         # The shared pools the last filter call rejected: (GPUs, text naming the pair).
         self.co_run_rejected: list[tuple[int, str]] = []
+        # ... and those skipped for an OOM the job had beside their type: (GPUs, text).
+        self.oom_rejected: list[tuple[int, str]] = []
         self.touched: set[int] = set()  # orders of the nodes ``reserve`` changed
         self.reserved_now: list[tuple[JobSpec, Placement]] = []  # this cycle's placements
 
@@ -588,7 +603,9 @@ class WorkingView:
         residents = tuple(sorted(job_type_key(j) for j in gpu.jobs))
         # MPS serves one unix user per GPU: the residents' owners are part of the situation.
         owners = mps_owners(gpu.jobs) if gpu.mode == SharingMode.MPS else None
-        return (gpu.sid, gpu.mode, residents, gpu.committed_mb, gpu.mig_used, owners)
+        # The types a resident was OOM-killed beside (``JobSpec.oom_with``): none may join it.
+        shunned = frozenset().union(*(j.oom_with for j in gpu.jobs))
+        return (gpu.sid, gpu.mode, residents, gpu.committed_mb, gpu.mig_used, owners, shunned)
 
     def _add_to_pool(self, gpu: WorkGpu) -> None:
         key = self._shared_key(gpu)
@@ -1228,6 +1245,7 @@ class FrameworkPolicy(Policy):
             self.allowed_models(job),
             self.feasibility_key(job),
             job_type_key(job) if self.colocation_check is not None and job.gpus == 1 else None,
+            job.oom_with or None,  # observed pairs: jobs of one shape fit differently
             job.owner,  # MPS GPUs take one owner's jobs: owners fit differently
         )
 
@@ -1546,9 +1564,10 @@ class FrameworkPolicy(Policy):
             return out
         shared: list[Candidate] = []
         rejected: list[tuple[int, int, str]] = []
+        oom_rejected: list[tuple[int, int, str]] = []
         limit = int(self.params.get("max_jobs_per_gpu", 2))
         for key, pool in view.shared_pools.items():
-            sid, mode, residents, committed, _mig_used, owners = key
+            sid, mode, residents, committed, _mig_used, owners, shunned = key
             spec = view.specs[sid]
             if allowed is not None and spec.model not in allowed:
                 continue
@@ -1561,6 +1580,10 @@ class FrameworkPolicy(Policy):
                     continue
             elif len(residents) >= limit or spec.memory_mb - committed < need:
                 continue
+            seen = oom_beside(job, residents, shunned)
+            if seen is not None:
+                oom_rejected.append((pool[0].order, len(pool), f"{seen} on {spec.model}"))
+                continue
             if not self._co_run_ok(job, key, pool[0], view):
                 pair = f"{job_type_key(job)} with {' + '.join(residents)} on {spec.model}"
                 rejected.append((pool[0].order, len(pool), pair))
@@ -1570,7 +1593,9 @@ class FrameworkPolicy(Policy):
                 shared.append(Candidate(gpu.node, (gpu,), mode, mig, pool))
         shared.sort(key=lambda c: c.order)
         rejected.sort()
+        oom_rejected.sort()
         view.co_run_rejected = [(n, pair) for _, n, pair in rejected]
+        view.oom_rejected = [(n, beside) for _, n, beside in oom_rejected]
         return out + shared
 
     def _co_run_ok(
@@ -1662,6 +1687,14 @@ class FrameworkPolicy(Policy):
                 text += (
                     f"; {gpus} shared GPU(s) with room rejected because the pair cannot co-run "
                     f"({model_name} interference: infeasible, e.g. {rejected[0][1]})"
+                )
+            oom_rejected = view.oom_rejected if job.gpus == 1 else []
+            if oom_rejected:
+                gpus = sum(n for n, _ in oom_rejected)
+                text += (
+                    f"; {gpus} shared GPU(s) with room skipped: this job was OOM-killed beside "
+                    f"their jobs' type before, or theirs beside its type (e.g. "
+                    f"{oom_rejected[0][1]})"
                 )
             other_users = sum(
                 len(pool)

@@ -80,6 +80,7 @@ from scheduler.policies.framework import (
     WorkGpu,
     WorkingView,
     framework_defaults,
+    oom_beside,
 )
 
 MPS = SharingMode.MPS
@@ -243,6 +244,8 @@ class CoRunGroupPolicy(FrameworkPolicy):
         for key, pool in view.shared_pools.items():
             if key[1] != MPS or (key[5] is not None and key[5] != (job.owner,)):
                 continue
+            if oom_beside(job, key[2], key[6]) is not None:
+                continue  # an observed OOM kill of this pair (framework)
             for gpu in pool:
                 if (
                     len(gpu.jobs) < int(self.params["max_jobs_per_gpu"])

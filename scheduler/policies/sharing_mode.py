@@ -94,6 +94,7 @@ from scheduler.policies.framework import (
     framework_defaults,
     gb,
     job_type_key,
+    oom_beside,
 )
 
 MIG, MPS, TS, EXCL = (
@@ -351,12 +352,14 @@ class SharingPolicyBase(FrameworkPolicy):
                     offer(gpu, pool, mode, ("idle", sid))
         limit = int(self.params.get("max_jobs_per_gpu", 2))
         for key, pool in view.shared_pools.items():
-            sid, mode, residents, committed, _slices, owners = key
+            sid, mode, residents, committed, _slices, owners, shunned = key
             spec = view.specs[sid]
             if allowed is not None and spec.model not in allowed:
                 continue
             if owners is not None and owners != (job.owner,):
                 continue  # one MPS user per GPU
+            if oom_beside(job, residents, shunned) is not None:
+                continue  # an observed OOM kill of this pair (framework)
             if mode == MIG:
                 found_mig = self._shared_mig(job, spec, key, pool, cpus)
                 if found_mig is not None:

@@ -496,7 +496,8 @@ class Simulator:
         """OOM-kill the job that grew if the jobs on ``gpu`` outgrew it. True if one died."""
         victims = self._oom_victims(gpu)
         for victim in victims:
-            self._oom(victim, f"out of memory on {gpu.label()}")
+            beside = [j for j in gpu.jobs if j is not victim]
+            self._oom(victim, f"out of memory on {gpu.label()}", beside)
         if not victims:
             self.touched_gpus.add(gpu)  # re-forecast
         return bool(victims)
@@ -525,13 +526,19 @@ class Simulator:
 
         return max(gpu.jobs, key=key)
 
-    def _oom(self, job: _Job, why: str) -> None:
+    def _oom(self, job: _Job, why: str, beside: Sequence[_Job] = ()) -> None:
+        """``job`` is killed (out of memory, or a pair that cannot co-run) next to ``beside``:
+        requeued or failed (``SimConfig.oom_action``). A requeued job carries the types it died
+        beside (``JobSpec.oom_with``: an observation the live system could make too)."""
         self.oom_count += 1
         job.oom_count += 1
         if (
             self.config.oom_action == OomAction.REQUEUE
             and job.restarts < self.config.max_oom_restarts
         ):
+            seen = frozenset(b.spec.type_key() for b in beside)
+            if not seen <= job.spec.oom_with:
+                job.spec = replace(job.spec, oom_with=job.spec.oom_with | seen)
             job.restarts += 1
             self._to_queue(job, keep_progress=False)
             job.explanation = f"{why}; requeued (restart {job.restarts})"
@@ -629,7 +636,9 @@ class Simulator:
             if blocked is not None:
                 victim = max(blocked.jobs, key=lambda j: (j.last_start, j.seq))
                 self._oom(
-                    victim, f"cannot co-run on {blocked.label()} (interference model: infeasible)"
+                    victim,
+                    f"cannot co-run on {blocked.label()} (interference model: infeasible)",
+                    [j for j in blocked.jobs if j is not victim],
                 )
                 killed = True
                 continue

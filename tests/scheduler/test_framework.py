@@ -301,3 +301,86 @@ def test_refresh_after_a_cycle_on_the_same_snapshot_forgets_its_reservations():
     first = policy.schedule(state, random.Random(0))
     again = policy.schedule(state, random.Random(0))  # the plan was not applied
     assert first == again and len(first.decisions) == 2
+
+
+# -- observed OOM kills: a job is not placed again beside the types it died beside --------------
+
+
+def test_a_job_is_not_placed_again_beside_a_type_it_was_oom_killed_beside():
+    from dataclasses import replace
+
+    victim = replace(job("t", 2, job_type=TF_256), oom_with=frozenset({RN50_128}))
+    unchecked = {"colocation_check": None}  # no model: only the observation keeps them apart
+    for name in CO_LOCATING:
+        waits = build_policy(name, unchecked).schedule(
+            _one_shared_v100(RN50_128, [victim]), random.Random(0)
+        )
+        assert not waits.decisions, name
+        reason = waits.waiting["t"]
+        assert "skipped: this job was OOM-killed beside their jobs' type before" in reason
+        assert f"e.g. {RN50_128} on V100" in reason
+        idle = _one_shared_v100(RN50_128, [victim], idle_gpus=1)
+        plan = build_policy(name, unchecked).schedule(idle, random.Random(0))
+        assert [d.placement.gpu_indices for d in plan.decisions] == [(1,)], name
+        # beside another type it may share again, and a job of its type without the
+        # observation is not held back by it
+        other = _one_shared_v100(RN18_16, [victim])
+        assert build_policy(name, unchecked).schedule(other, random.Random(0)).decisions, name
+    fresh = _one_shared_v100(RN50_128, [job("u", 2, job_type=TF_256)])
+    assert build_policy("binpack", unchecked).schedule(fresh, random.Random(0)).decisions
+
+
+def test_no_job_joins_a_resident_beside_the_type_it_was_oom_killed_beside():
+    from dataclasses import replace
+
+    resident = replace(job("r", 2, job_type=RN50_128), oom_with=frozenset({TF_256}))
+    shared, running = busy_gpu("n0", 0, "V100", [resident], SharingMode.MPS)
+    unchecked = {"colocation_check": None}
+
+    def state_with(newcomer):
+        return ClusterState(
+            0.0, (gpu_node("n0", "V100", 1, gpus={0: shared}),), pending=(newcomer,),
+            running=tuple(running),
+        )  # fmt: skip
+
+    barred, welcome = state_with(job("t", 2, job_type=TF_256)), state_with(job("x", 2))
+    for name in (*CO_LOCATING, "sharing_mode"):  # each shares that pair without oom_with
+        policy = build_policy(name, unchecked)
+        assert not policy.schedule(barred, random.Random(0)).decisions, name
+        assert build_policy(name, unchecked).schedule(welcome, random.Random(0)).decisions
+    reason = build_policy("binpack", unchecked).schedule(barred, random.Random(0)).waiting["t"]
+    assert f"a resident killed beside {TF_256} on V100" in reason
+
+
+def test_without_a_model_an_oom_is_tried_once_per_pair_not_until_the_job_fails():
+    """The replay of ``test_binpack_replay_has_no_oom_cascade`` with the co-location check
+    off: every Transformer is killed beside the ResNet-50 (and beside another Transformer)
+    once, then placed elsewhere; before the jobs carried what they died beside, each was
+    packed there again until it failed (20 kills, 5 failed jobs)."""
+    from scheduler.cluster_spec import parse_cluster_spec
+    from scheduler.interference import build_interference
+    from scheduler.simulator import simulate
+
+    cluster = parse_cluster_spec(
+        {"nodes": [{"name": "v", "count": 1, "gpu_model": "V100", "gpus_per_node": 2}]}
+    )
+
+    def gavel_job(i, job_type, solo, arrival):
+        return JobSpec(
+            id=str(i),
+            arrival_s=arrival,
+            job_type=job_type,
+            profile=Profile(job_type, gpu_time_s={"V100": solo}),
+        )
+
+    jobs = [gavel_job(0, RN50_128, 1000.0, 0.0)]
+    jobs += [gavel_job(i, TF_256, 100.0, 10.0 * i) for i in range(1, 6)]
+    result = simulate(
+        cluster,
+        jobs,
+        build_policy("binpack", {"colocation_check": None}),
+        interference=build_interference("measured"),
+    )
+    assert all(r.end_reason == "completed" for r in result.jobs)
+    assert all(r.oom_count <= 2 for r in result.jobs)  # one per type it met
+    assert result.oom_count == 9
