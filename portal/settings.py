@@ -230,6 +230,9 @@ COSCHED = {
     # A job's checkpoint directory (COSCHED_CHECKPOINT_DIR) is deleted by the nodes this many
     # seconds after the job ended (docs/preemption.md); a negative value keeps them for ever.
     "CHECKPOINT_KEEP_S": envfloat("COSCHED_CHECKPOINT_KEEP_S", 7 * 24 * 3600.0),
+    # A job whose process died of GPU out-of-memory on a GPU it shared is requeued (kept away
+    # from its co-runners' types) up to this many times, then fails (portal.core.oom).
+    "OOM_REQUEUES": envint("COSCHED_OOM_REQUEUES", 3),
     # Prometheus /metrics (docs/metrics.md): a scrape passes with this bearer token, or from an
     # address in one of these networks (comma-separated addresses or CIDRs; loopback default).
     "METRICS_TOKEN": envstr("COSCHED_METRICS_TOKEN"),

@@ -122,6 +122,7 @@ def job_to_domain(job: Job, *, epoch: Any = None) -> JobSpec:
         max_global_batch=job.max_global_batch,
         time_limit_s=None if job.time_limit_s is None else float(job.time_limit_s),
         project=job.project.name if job.project_id is not None and job.project else None,
+        oom_with=frozenset(str(t) for t in job.oom_with or ()),
     )
 
 

@@ -49,6 +49,7 @@ from portal.core import adapters
 from portal.core.elastic import attempt_time_limit_s, regrouped_run_s
 from portal.core.models import TIME_LIMIT_REASON, Gpu, Job, Node, Placement, PlacementPart
 from portal.core.nodes import lease_kill_grace_s, lease_s, node_register
+from portal.core.oom import oom_requeue
 from portal.core.outbox import emit_nudges, emit_schedule, outbox_due, outbox_relay
 from portal.core.ports import master_port_assign
 from portal.core.services import job_note, job_transition
@@ -310,6 +311,13 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
         if unfinished:
             return  # a gang: the job completes when every rank has
         _finish(job, JobState.COMPLETED, actor, f"{result.detail} on {node.name}", exit_code=0)
+    elif result.outcome == "exited" and (
+        oom := oom_requeue(job, placement, result.exit_code, result.log_tail)
+    ):
+        # out of GPU memory beside another job on a shared GPU: back to the queue, kept away
+        # from what it died beside (portal.core.oom)
+        message = oom.pop("message")
+        _finish(job, JobState.PENDING, actor, f"{where}{rank}: {message}", **oom)
     elif result.outcome == "exited":
         _finish(
             job,

@@ -311,6 +311,10 @@ class Job(models.Model):
     exit_code = models.IntegerField(null=True, blank=True)
     failure_reason = models.TextField(blank=True)
     requeue_count = models.PositiveIntegerField(default=0)
+    # The job types (scheduler.domain.JobSpec.type_key) this job died of GPU out-of-memory
+    # beside on a shared GPU (portal.core.oom): policies do not pair them again.
+    oom_with = models.JSONField(default=list, blank=True)
+    oom_requeues = models.PositiveIntegerField(default=0)
     waiting_reason = models.TextField(
         blank=True, help_text="why the scheduler left the job queued in its last cycle"
     )
