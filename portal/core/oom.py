@@ -70,13 +70,18 @@ def oom_requeue(
     from portal.core.adapters import job_to_domain
 
     types = {job_to_domain(other).type_key(): other for other in beside}
-    names = ", ".join(f"job {other.pk} ({t})" for t, other in sorted(types.items()))
+    # a job without a type or profile is its own type, "#<id>": said as "job <id>"
+    names = ", ".join(
+        f"job {other.pk}" + ("" if t.startswith("#") else f" ({t})")
+        for t, other in sorted(types.items())
+    )
+    kinds = ", ".join(f"job {t[1:]}" if t.startswith("#") else t for t in sorted(types))
     return {
         "oom_with": sorted(set(known) | set(types)),
         "oom_requeues": done + 1,
         "message": (
             f"out of GPU memory beside {names} ({line!r}): requeued "
             f"({done + 1} of {settings.COSCHED['OOM_REQUEUES']}); it will not be placed beside "
-            f"{', '.join(sorted(types))} again"
+            f"{kinds} again"
         ),
     }
