@@ -1004,6 +1004,7 @@ class FrameworkPolicy(Policy):
         # The working view is kept between cycles and refreshed (``WorkingView.refresh``):
         # a policy object serves one scheduling loop at a time (not thread-safe).
         self._view: WorkingView | None = None
+        self._oom_seen = False  # some job of this cycle carries OOM kills (``schedule``)
         self.interference: InterferenceModel | None = None
         if p.get("interference"):
             self.interference = build_interference(
@@ -1029,6 +1030,11 @@ class FrameworkPolicy(Policy):
             view = self._view = WorkingView(state, colocate=self.colocate)
         else:
             view.refresh(state)
+        # A job's type decides where it may go once some job carries OOM kills (``oom_beside``):
+        # the failure cache (``shape``) must then tell types apart.
+        self._oom_seen = any(j.oom_with for j in state.pending) or any(
+            r.job.oom_with for r in state.running
+        )
         self.begin_cycle(state, view)
         decisions: list[Decision] = []
         waiting: dict[str, str] = {}
@@ -1244,7 +1250,9 @@ class FrameworkPolicy(Policy):
             job.cpus,
             self.allowed_models(job),
             self.feasibility_key(job),
-            job_type_key(job) if self.colocation_check is not None and job.gpus == 1 else None,
+            job_type_key(job)
+            if (self.colocation_check is not None or self._oom_seen) and job.gpus == 1
+            else None,
             job.oom_with or None,  # observed pairs: jobs of one shape fit differently
             job.owner,  # MPS GPUs take one owner's jobs: owners fit differently
         )

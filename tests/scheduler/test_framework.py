@@ -350,6 +350,15 @@ def test_no_job_joins_a_resident_beside_the_type_it_was_oom_killed_beside():
         assert build_policy(name, unchecked).schedule(welcome, random.Random(0)).decisions
     reason = build_policy("binpack", unchecked).schedule(barred, random.Random(0)).waiting["t"]
     assert f"a resident killed beside {TF_256} on V100" in reason
+    # one cycle, the barred job first: the job behind it, of the same size but another type,
+    # is not turned away by the barred one's cached failure
+    both = ClusterState(
+        0.0, (gpu_node("n0", "V100", 1, gpus={0: shared}),),
+        pending=(job("t", 2, job_type=TF_256), job("x", 2)), running=tuple(running),
+    )  # fmt: skip
+    for name in (*CO_LOCATING, "sharing_mode"):
+        plan = build_policy(name, unchecked).schedule(both, random.Random(0))
+        assert [d.placement.job_id for d in plan.decisions] == ["x"], name
 
 
 def test_without_a_model_an_oom_is_tried_once_per_pair_not_until_the_job_fails():
