@@ -113,8 +113,12 @@ def job_to_domain(job: Job, *, epoch: Any = None) -> JobSpec:
         elastic_max=job.elastic_max_workers,
         # The job's past requeues (preemptions, node losses) for policies that bound how often
         # one job is preempted (hetero_srtf's max_preemptions): the portal's count, never the
-        # user's (a user-set value could pin a job on its GPUs).
-        params={**(job.params or {}), PREEMPTIONS_PARAM: job.requeue_count},
+        # user's (a user-set value could pin a job on its GPUs). A requeue after an OOM beside
+        # another job (portal.core.oom) is no preemption.
+        params={
+            **(job.params or {}),
+            PREEMPTIONS_PARAM: max(0, job.requeue_count - job.oom_requeues),
+        },
         elastic_deadline_s=(
             None if job.elastic_deadline_s is None else float(job.elastic_deadline_s)
         ),

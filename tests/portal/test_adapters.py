@@ -148,6 +148,11 @@ def test_the_policies_see_the_portals_requeue_count_not_the_users(alice):
     assert spec.params["steps"] == 5
     policy = HeteroSrtfPolicy(max_preemptions=2)
     assert policy.preempted(spec) == 2
+    # a requeue after an OOM beside another job (portal.core.oom) is no preemption
+    Job.objects.filter(pk=job.pk).update(requeue_count=3, oom_requeues=1, oom_with=["resnet"])
+    job.refresh_from_db()
+    spec = job_to_domain(job)
+    assert spec.params["preemptions"] == 2 and spec.oom_with == frozenset({"resnet"})
 
 
 def test_cpu_job_without_profile(alice):
