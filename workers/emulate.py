@@ -102,6 +102,7 @@ class RunPlan:
     fail_at: float | None
     exit_code: int
     checkpoint_dir: str | None = None
+    fail_as: str = "error"  # or "gpu-oom": the failure prints PyTorch's CUDA OOM message
     resume_fraction: float = 0.0  # of the work, saved by an earlier attempt
     attempt: str = ""
 
@@ -120,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--fail-at", type=float, help="fail at this fraction (0..1) of the run")
     parser.add_argument("--exit-code", type=int, default=1, help="exit code of --fail-at")
+    parser.add_argument(
+        "--fail-as",
+        choices=["error", "gpu-oom"],
+        default="error",
+        help="how --fail-at fails: a plain error, or out of GPU memory (PyTorch's CUDA OOM "
+        "message, which the portal recognises on a shared GPU: docs/sharing.md)",
+    )
     parser.add_argument("--steps-json", help="memory steps replacing the profile's (JSON list)")
     parser.add_argument("--report-every", type=float, default=1.0, help="seconds of work")
     parser.add_argument("--tick", type=float, default=0.05, help="sleep granularity, seconds")
@@ -227,6 +235,7 @@ def plan_run(args: argparse.Namespace, env: Mapping[str, str]) -> RunPlan:
         epochs=args.epochs,
         fail_at=args.fail_at,
         exit_code=args.exit_code,
+        fail_as=args.fail_as,
         checkpoint_dir=checkpoint_dir,
         resume_fraction=resume,
         attempt=env.get(ATTEMPT_ENV, ""),
@@ -356,6 +365,14 @@ def run(plan: RunPlan, *, report_every: float, tick: float, checkpoint_every: fl
         if plan.fail_at is not None and fraction >= plan.fail_at:
             progress_line(fraction, done)
             _emit("fail", fraction=round(fraction, 4), exit_code=plan.exit_code)
+            if plan.fail_as == "gpu-oom":
+                print(
+                    f"torch.OutOfMemoryError: CUDA out of memory (emulated: {profile.name} at "
+                    f"{fraction:.0%})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return plan.exit_code
             print(
                 f"emulated failure of {profile.name} at {fraction:.0%} "
                 f"(exit code {plan.exit_code})",

@@ -149,6 +149,21 @@ def test_fail_at_exits_with_the_exit_code():
     assert "emulated failure of x at 5" in err
 
 
+def test_fail_as_gpu_oom_prints_the_message_the_portal_recognises():
+    from portal.core.oom import gpu_oom_line  # the portal reads the job's log tail with it
+
+    code, _, err = run_emulator(
+        "--profile", "x", "--duration", "0.4", "--fail-at", "0.5", "--fail-as", "gpu-oom"
+    )
+    assert code == 1
+    line = gpu_oom_line(err)
+    assert line is not None and line.startswith("torch.OutOfMemoryError: CUDA out of memory")
+    assert (
+        gpu_oom_line(run_emulator("--profile", "x", "--duration", "0.4", "--fail-at", "0.5")[2])
+        is None
+    )
+
+
 def wait_stopped(pid: int, timeout: float = 10.0) -> None:
     """Wait until process ``pid`` is stopped (state T in /proc)."""
     deadline = time.monotonic() + timeout
