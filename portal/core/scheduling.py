@@ -294,6 +294,9 @@ def _without_profile(job: Job) -> Job:
         elastic_value_per_hour=job.elastic_value_per_hour,
         max_global_batch=job.max_global_batch,
         time_limit_s=job.time_limit_s,
+        requeue_count=job.requeue_count,  # hetero_srtf bounds preemptions per job with it
+        oom_requeues=job.oom_requeues,
+        oom_with=job.oom_with,  # what it died beside: the framework keeps them apart
     )
     clone.submitted_at = job.submitted_at
     if job.project_id is not None:

@@ -75,6 +75,27 @@ def test_snapshot_reflects_rows(alice):
     assert snap.running_nodes == {running.pk: {"g1"}}
 
 
+def test_a_profiled_jobs_spec_in_the_snapshot_is_the_adapters(alice):
+    """The snapshot converts each profile once and each job without it (``_without_profile``);
+    the job's spec must still carry every field the adapter gives it: its requeue count
+    (hetero_srtf's preemption bound) and what it died beside (``oom_with``) among them."""
+    from dataclasses import replace
+
+    from portal.core.adapters import job_to_domain
+    from portal.core.models import ApplicationProfile, ProfileGpuTime
+
+    profile = ApplicationProfile.objects.create(name="resnet", kind="dl-train", status="approved")
+    ProfileGpuTime.objects.create(profile=profile, gpu_model="TitanXp", time_s=600.0)
+    job = submit(
+        alice, "profiled", profile=profile, requeue_count=2, oom_requeues=1, oom_with=["bert"],
+        time_limit_s=3600, priority=3, params={"job_type": "ResNet-18"},
+    )  # fmt: skip
+    (spec,) = build_snapshot().state.pending
+    direct = job_to_domain(Job.objects.get(pk=job.pk))
+    assert spec.oom_with == frozenset({"bert"}) and spec.params["preemptions"] == 1
+    assert replace(spec, arrival_s=0.0) == replace(direct, arrival_s=0.0)
+
+
 def test_fifo_cycle_places_in_order_and_explains_the_rest(alice):
     make_node("g1", gpus=2)
     use_policy("fifo")
