@@ -195,9 +195,9 @@ def test_two_infeasible_newcomers_are_not_paired_within_one_cycle():
     assert "cannot co-run" in plan.waiting["b"]
 
 
-def test_binpack_replay_has_no_oom_cascade():
-    """A long ResNet-50 (bs 128) holds one V100; Transformer (bs 256) jobs arrive. Without the
-    filter binpack packs each next to it, the co-run is killed, requeued and packed there again."""
+def _replay_beside_a_resnet(params=None):
+    """A long ResNet-50 (bs 128) holds one of two V100s; five Transformer (bs 256) jobs arrive
+    10 s apart. Gavel measured the pair (and two Transformers) as infeasible on a V100."""
     from scheduler.cluster_spec import parse_cluster_spec
     from scheduler.interference import build_interference
     from scheduler.simulator import simulate
@@ -216,9 +216,14 @@ def test_binpack_replay_has_no_oom_cascade():
 
     jobs = [gavel_job(0, RN50_128, 1000.0, 0.0)]
     jobs += [gavel_job(i, TF_256, 100.0, 10.0 * i) for i in range(1, 6)]
-    result = simulate(
-        cluster, jobs, build_policy("binpack"), interference=build_interference("measured")
-    )
+    policy = build_policy("binpack", params or {})
+    return simulate(cluster, jobs, policy, interference=build_interference("measured"))
+
+
+def test_binpack_replay_has_no_oom_cascade():
+    """Without the filter binpack packs each Transformer next to the ResNet, the co-run is
+    killed, requeued and packed there again."""
+    result = _replay_beside_a_resnet()
     assert result.oom_count == 0
     assert all(r.end_reason == "completed" for r in result.jobs)
 
@@ -366,30 +371,7 @@ def test_without_a_model_an_oom_is_tried_once_per_pair_not_until_the_job_fails()
     off: every Transformer is killed beside the ResNet-50 (and beside another Transformer)
     once, then placed elsewhere; before the jobs carried what they died beside, each was
     packed there again until it failed (20 kills, 5 failed jobs)."""
-    from scheduler.cluster_spec import parse_cluster_spec
-    from scheduler.interference import build_interference
-    from scheduler.simulator import simulate
-
-    cluster = parse_cluster_spec(
-        {"nodes": [{"name": "v", "count": 1, "gpu_model": "V100", "gpus_per_node": 2}]}
-    )
-
-    def gavel_job(i, job_type, solo, arrival):
-        return JobSpec(
-            id=str(i),
-            arrival_s=arrival,
-            job_type=job_type,
-            profile=Profile(job_type, gpu_time_s={"V100": solo}),
-        )
-
-    jobs = [gavel_job(0, RN50_128, 1000.0, 0.0)]
-    jobs += [gavel_job(i, TF_256, 100.0, 10.0 * i) for i in range(1, 6)]
-    result = simulate(
-        cluster,
-        jobs,
-        build_policy("binpack", {"colocation_check": None}),
-        interference=build_interference("measured"),
-    )
+    result = _replay_beside_a_resnet({"colocation_check": None})
     assert all(r.end_reason == "completed" for r in result.jobs)
     assert all(r.oom_count <= 2 for r in result.jobs)  # one per type it met
     assert result.oom_count == 9
