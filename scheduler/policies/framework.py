@@ -628,14 +628,7 @@ class WorkingView:
             return
         if key[0] == "idle":
             pool = self.idle_pools[gpu.sid]
-            node = gpu.node
-            old = node.idle_by_sid[gpu.sid]
-            node.idle_by_sid[gpu.sid] = old - 1
-            buckets = self.idle_buckets[gpu.sid]
-            lst = buckets[old]
-            del lst[bisect.bisect_left(lst, node.order)]
-            if old - 1 > 0:
-                bisect.insort(buckets.setdefault(old - 1, []), node.order)
+            self._count_idle(gpu.node, gpu.sid, -1)
         else:
             pool = self.shared_pools[key]
         i = bisect.bisect_left(pool, gpu.order, key=lambda g: g.order)
@@ -643,6 +636,18 @@ class WorkingView:
         if not pool and key[0] != "idle":
             del self.shared_pools[key]
         gpu.pool_key = None
+
+    def _count_idle(self, node: WorkNode, sid: int, change: int) -> None:
+        """``node`` has ``change`` (+1 / -1) idle GPUs of spec id ``sid``: its count and the
+        bucket of nodes by idle count (``idle_buckets``) follow."""
+        old = node.idle_by_sid.get(sid, 0)
+        node.idle_by_sid[sid] = old + change
+        buckets = self.idle_buckets.setdefault(sid, {})
+        if old > 0:
+            lst = buckets[old]
+            del lst[bisect.bisect_left(lst, node.order)]
+        if old + change > 0:
+            bisect.insort(buckets.setdefault(old + change, []), node.order)
 
     # -- reservation -------------------------------------------------------------------------
 
@@ -699,17 +704,9 @@ class WorkingView:
         for gpu in gpus:
             if gpu.pool_key is not None or not gpu.idle:
                 continue
-            sid, node = gpu.sid, gpu.node
-            pool = self.idle_pools.setdefault(sid, [])
-            bisect.insort(pool, gpu, key=lambda g: g.order)
-            old = node.idle_by_sid.get(sid, 0)
-            node.idle_by_sid[sid] = old + 1
-            buckets = self.idle_buckets.setdefault(sid, {})
-            if old > 0:
-                lst = buckets[old]
-                del lst[bisect.bisect_left(lst, node.order)]
-            bisect.insort(buckets.setdefault(old + 1, []), node.order)
-            gpu.pool_key = ("idle", sid)
+            bisect.insort(self.idle_pools.setdefault(gpu.sid, []), gpu, key=lambda g: g.order)
+            self._count_idle(gpu.node, gpu.sid, +1)
+            gpu.pool_key = ("idle", gpu.sid)
 
     def usable_idle(self, node: WorkNode, sid: int) -> tuple[WorkGpu, ...]:
         """The idle GPUs of spec id ``sid`` on ``node`` that are in the pools (not hidden)."""
