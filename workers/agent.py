@@ -1216,7 +1216,7 @@ def rank_envs(spec: AttemptSpec, env: dict[str, str], node: str) -> list[dict[st
     if not spec.process_per_gpu or len(gpus) < 1:
         return None
     visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",")
-    if len(visible) != len(gpus):  # a MIG instance or a shared GPU: one entry for all
+    if not _one_entry_per_gpu(spec, env):  # a MIG instance or a shared GPU: one entry for all
         visible = [",".join(visible)] * len(gpus)
     return [
         {
@@ -1238,9 +1238,15 @@ def process_gpus(spec: AttemptSpec, env: dict[str, str]) -> list[tuple[int, ...]
     gpus = tuple(spec.part.gpu_indices)
     if not spec.process_per_gpu or not gpus:
         return [gpus]
-    if len(env.get("CUDA_VISIBLE_DEVICES", "").split(",")) != len(gpus):
+    if not _one_entry_per_gpu(spec, env):
         return [gpus] * len(gpus)
     return [(index,) for index in gpus]
+
+
+def _one_entry_per_gpu(spec: AttemptSpec, env: dict[str, str]) -> bool:
+    """Whether the part's ``CUDA_VISIBLE_DEVICES`` names each of its GPUs on its own (so each
+    rank gets its own), rather than one entry for all (a MIG instance, a shared GPU)."""
+    return len(env.get("CUDA_VISIBLE_DEVICES", "").split(",")) == len(spec.part.gpu_indices)
 
 
 def gpu_device_nodes(devices: list[DeviceInfo], device_dir: str | Path) -> dict[int, str]:
