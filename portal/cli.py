@@ -701,9 +701,10 @@ def cmd_nodes(client: Client, args: argparse.Namespace, out: IO[str], err: IO[st
 
 def _isolation_text(aspects: Any) -> str:
     """``ok``, ``weak: accounts, limits`` or ``not reported`` (an agent that does not say)."""
+    from workers.protocol import ISOLATION_ASPECTS as labels
+
     if not aspects:
         return "not reported"
-    labels = {"accounts": "accounts", "limits": "limits", "gpu_devices": "GPU devices"}
     weak = [labels.get(a.get("what"), a.get("what")) for a in aspects if a.get("level") == "weak"]
     return "weak: " + ", ".join(weak) if weak else "ok"
 

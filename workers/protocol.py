@@ -77,7 +77,7 @@ RUN_STATES = ("starting", "running", "paused", "stopping")
 #                  stopped it (SIGTERM, then SIGKILL after the grace)
 # NodeInfo.isolation: the aspects a node reports (which account runs a job, its core and memory
 # limits, the GPU device nodes it may open) and how well each is held.
-ISOLATION_ASPECTS = ("accounts", "limits", "gpu_devices")
+ISOLATION_ASPECTS = {"accounts": "accounts", "limits": "limits", "gpu_devices": "GPU devices"}
 ISOLATION_LEVELS = ("ok", "weak", "n/a")
 OUTCOMES = ("exited", "killed", "stopped", "lease_expired", "launch_failed", "lost", "time_limit")
 #: SIGTERM, then SIGKILL after this many seconds, when the agent stops an attempt that is no

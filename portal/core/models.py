@@ -197,15 +197,20 @@ class Node(models.Model):
     # (workers.protocol.NodeInfo.isolation: [{"what", "level", "text"}]; [] when not said).
     isolation = models.JSONField(default=list, blank=True)
 
-    ISOLATION_LABELS = {"accounts": "accounts", "limits": "limits", "gpu_devices": "GPU devices"}
-
     class Meta:
         ordering = ["name"]
 
     def isolation_rows(self) -> list[dict[str, str]]:
-        """``isolation`` with a label per aspect, for the cluster page."""
+        """``isolation`` with each aspect's label and CSS class (``iso-ok``, ``iso-weak``,
+        ``iso-na``), for the cluster page."""
+        from workers.protocol import ISOLATION_ASPECTS
+
         return [
-            {**a, "label": self.ISOLATION_LABELS.get(a.get("what", ""), a.get("what", ""))}
+            {
+                **a,
+                "label": ISOLATION_ASPECTS.get(a.get("what", ""), a.get("what", "")),
+                "css": "iso-" + str(a.get("level", "")).replace("/", ""),
+            }
             for a in self.isolation or []
             if isinstance(a, dict)
         ]
