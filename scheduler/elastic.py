@@ -245,6 +245,22 @@ def scaling_efficiency(r_d: float, r_dk: float, d: int, k: int) -> float:
     return (r_dk - r_d) / (k * r_d / d)
 
 
+def reference_units(
+    job: ElasticJob, seconds: float, remaining_steps: float, local_batch: int | None
+) -> tuple[float, float]:
+    """A window's ``seconds`` and ``remaining_steps`` in mini-batches of the job's reference
+    size (its own local batch, else its maximum global batch): ``batches`` mini-batches of
+    ``local_batch`` samples are ``batches * local_batch / reference`` reference ones, done in
+    the same time, so the time per reference mini-batch is ``seconds * reference /
+    local_batch``, and the steps left scale the other way. Unchanged without ``local_batch`` or
+    a reference (the local batch then never changes with the count)."""
+    reference = job.local_batch or job.max_global_batch
+    if not local_batch or not reference:
+        return float(seconds), float(remaining_steps)
+    factor = local_batch / reference
+    return float(seconds) / factor, float(remaining_steps) * factor
+
+
 def max_workers_for_batch(local_batch: int | None, max_global_batch: int | None) -> int | None:
     """The most workers a maximum global batch allows at the job's local batch (None: no cap)."""
     if not local_batch or not max_global_batch:

@@ -294,7 +294,15 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
     placement = part.placement
     job = (
         Job.objects.filter(pk=placement.job_id)
-        .only("id", "state", "name", "time_limit_s", "elastic_min_workers")
+        .only(
+            "id",
+            "state",
+            "name",
+            "time_limit_s",
+            "elastic_min_workers",
+            "oom_with",
+            "oom_requeues",
+        )  # fmt: skip
         .first()
     )
     if job is None:

@@ -182,7 +182,7 @@ def elastic_window_report(
     ``local_batch``: the samples per rank in each of the window's mini-batches, when the job
     follows the answer's ``local_batch`` (a maximum global batch); the engine then counts in
     mini-batches of the job's reference size (its profile's batch size, else its maximum global
-    batch), so counts with different local batches compare (``reference_units``).
+    batch), so counts with different local batches compare (``engine.reference_units``).
     ``checkpointed``: the job saved its state after this window, so it may be regrouped now;
     a proposed change is then applied (the next attempt is written: module docstring) or
     refused (no idle GPU left for it). Returns ``{"workers": the count to run with,
@@ -228,7 +228,9 @@ def elastic_window_report(
         if pending is not None and placement is not None and pending.at < placement.created_at:
             _refuse(job, pending, "the job was placed again before it could be applied")
             state, pending = engine.end_transition(state), None
-        seconds, remaining_steps = reference_units(spec, seconds, remaining_steps, local_batch)
+        seconds, remaining_steps = engine.reference_units(
+            spec, seconds, remaining_steps, local_batch
+        )
         window = engine.Window(
             workers,
             batches,
@@ -272,22 +274,6 @@ def elastic_window_report(
     }
 
 
-def reference_units(
-    spec: engine.ElasticJob, seconds: float, remaining_steps: float, local_batch: int | None
-) -> tuple[float, float]:
-    """A window's ``seconds`` and ``remaining_steps`` in mini-batches of the job's reference
-    size (its own local batch, else its maximum global batch): ``batches`` mini-batches of
-    ``local_batch`` samples are ``batches * local_batch / reference`` reference ones, done in
-    the same time, so the time per reference mini-batch is ``seconds * reference /
-    local_batch``, and the steps left scale the other way. Unchanged without ``local_batch`` or
-    a reference (the local batch then never changes with the count)."""
-    reference = spec.local_batch or spec.max_global_batch
-    if not local_batch or not reference:
-        return float(seconds), float(remaining_steps)
-    factor = local_batch / reference
-    return float(seconds) / factor, float(remaining_steps) * factor
-
-
 def _refuse(job: Job, change: ElasticChange, why: str) -> None:
     change.refused = why[:500]
     change.save(update_fields=["refused"])
@@ -299,6 +285,15 @@ def _regroup(job: Job, placement: Placement, change: ElasticChange) -> tuple[Pla
     write the job's next attempt with the new GPU set. Returns (the new attempt, "") or (None,
     why it cannot be done now)."""
     placement = Placement.objects.select_for_update().get(pk=placement.pk)
+    if job.time_limit_s:  # first: nothing else to look at when the run is over
+        used, _ = regrouped_run_s(job.pk, placement.attempt)
+        if placement.started_at is not None:
+            used += (timezone.now() - placement.started_at).total_seconds()
+        if used >= job.time_limit_s:
+            return None, (
+                f"the job's time limit ({format_duration(job.time_limit_s)}, counted across "
+                f"its regroups) is reached"
+            )
     parts = list(placement.parts.select_related("node").order_by("node_rank"))
     by_key = {
         (g.node_id, g.index): g
@@ -357,15 +352,6 @@ def _regroup(job: Job, placement: Placement, change: ElasticChange) -> tuple[Pla
             nodes.append(gpu.node)
     now = timezone.now()
     attempt = placement.attempt + 1  # the active attempt is the job's latest
-    if job.time_limit_s:
-        used, _ = regrouped_run_s(job.pk, placement.attempt)
-        if placement.started_at is not None:
-            used += (now - placement.started_at).total_seconds()
-        if used >= job.time_limit_s:
-            return None, (
-                f"the job's time limit ({format_duration(job.time_limit_s)}, counted across "
-                f"its regroups) is reached"
-            )
     where = ", ".join(f"{g.node.name}/{g.index}" for g in new)
     Placement.objects.filter(pk=placement.pk).update(
         active=False,

@@ -63,8 +63,7 @@ def oom_requeue(
     )
     if not beside:
         return None  # it had the GPU to itself: its own OOM
-    full = Job.objects.filter(pk=job.pk).values_list("oom_with", "oom_requeues").get()
-    known, done = list(full[0] or []), int(full[1])
+    known, done = list(job.oom_with or []), job.oom_requeues
     if done >= int(settings.COSCHED["OOM_REQUEUES"]):
         return None
     from portal.core.adapters import job_to_domain
