@@ -18,6 +18,7 @@ import pytest
 from portal.core.models import Gpu, Job, Node
 from tests.browser.helpers import login, screenshot, wait_for
 from tests.embedded import embedded_loop
+from tests.nodes import catalogue_node
 
 By = pytest.importorskip("selenium.webdriver.common.by").By
 StaleElementReferenceException = pytest.importorskip(
@@ -76,22 +77,9 @@ def _plot_has_data(plot_id: str):
 @pytest.fixture
 def virtual_cluster(transactional_db) -> Node:
     """One GPU node on the ``virtual`` backend with two catalogue Titan Xp (as ``load_demo``)."""
-    from scheduler.catalog import gpu_spec
-
-    node = Node.objects.create(name=NODE, kind="gpu", cores=16, memory_mb=65536, backend="virtual")
-    spec = gpu_spec("TitanXp")
-    for index in range(2):
-        Gpu.objects.create(
-            node=node,
-            index=index,
-            uuid=f"VIRTUAL-{NODE}-{index}",
-            model=spec.model,
-            architecture=spec.architecture,
-            memory_mb=spec.memory_mb,
-            sm_count=spec.sm_count,
-            sharing_modes=[m.value for m in spec.sharing_modes],
-        )
-    return node
+    return catalogue_node(
+        NODE, "TitanXp", 2, f"VIRTUAL-{NODE}", cores=16, memory_mb=65536, backend="virtual"
+    )
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import pytest
 
 from portal.core.agent_sync import InProcessTransport
 from portal.core.models import Gpu, Job, Node, Placement, PlacementPart
-from scheduler.catalog import gpu_spec
+from tests.nodes import catalogue_node
 from tests.security.conftest import ACCOUNTS
 from workers.agent import NodeAgent, gpu_devices_for, kill_marked_processes
 from workers.gpu.virtual_backend import VirtualBackend
@@ -73,19 +73,7 @@ def _host_view_unchanged(device_dir: Path) -> None:
 
 @pytest.fixture
 def node(db) -> Node:
-    node = Node.objects.create(name=NODE, kind="gpu", cores=8, memory_mb=16384)
-    spec = gpu_spec("A30")
-    for index in range(2):
-        Gpu.objects.create(
-            node=node,
-            index=index,
-            uuid=f"GPU-iso-{index}",
-            model=spec.model,
-            memory_mb=spec.memory_mb,
-            sm_count=spec.sm_count,
-            sharing_modes=[m.value for m in spec.sharing_modes],
-        )
-    return node
+    return catalogue_node(NODE, "A30", 2, "GPU-iso", cores=8, memory_mb=16384)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from portal.core.models import (
     ProfileGpuTime,
     ProfileMemoryStep,
 )
-from scheduler.catalog import gpu_spec
+from tests.nodes import catalogue_node
 from workers import runner as runner_files
 from workers.agent import NodeAgent, kill_marked_processes
 from workers.gpu.virtual_backend import VirtualBackend
@@ -61,19 +61,7 @@ def _clean_store():
 
 @pytest.fixture
 def node(db) -> Node:
-    node = Node.objects.create(name=NODE, kind="gpu", cores=16, memory_mb=65536)
-    spec = gpu_spec("A30")
-    for index in range(2):
-        Gpu.objects.create(
-            node=node,
-            index=index,
-            uuid=f"GPU-test-{index}",
-            model=spec.model,
-            memory_mb=spec.memory_mb,
-            sm_count=spec.sm_count,
-            sharing_modes=[m.value for m in spec.sharing_modes],
-        )
-    return node
+    return catalogue_node(NODE, "A30", 2, "GPU-test", cores=16, memory_mb=65536)
 
 
 @pytest.fixture
