@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -51,3 +52,22 @@ def shared_dir() -> Iterator[Path]:
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+def refused_start(launch: Any, directory: Path) -> str:
+    """Start ``touch <marker>`` under ``launch`` (a ``workers.isolation.JobLaunch``) as the
+    runner would; the start must fail in the child before the command runs. Returns the job's
+    log, which says why."""
+    log, work = directory / "job.log", directory / "work"
+    launch.prepare(str(log), str(work))
+    marker = directory / "ran"
+    with open(log, "ab") as out, pytest.raises(subprocess.SubprocessError):
+        subprocess.Popen(
+            ["/bin/sh", "-c", f"touch {marker}"],
+            cwd=work,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=launch.preexec,
+        )
+    assert not marker.exists()
+    return log.read_text()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import pwd
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.security.conftest import refused_start
 from workers.isolation import (
     OWNER,
     Account,
@@ -131,16 +131,5 @@ def test_a_job_that_cannot_be_confined_does_not_run_and_its_log_says_why(account
     launch = JobLaunch(
         {"account": Account.lookup("cst-alice").to_dict(), "limits": {"cgroup": str(group)}}
     )
-    log, work = tmp_path / "job.log", tmp_path / "work"
-    launch.prepare(str(log), str(work))
-    marker = tmp_path / "ran"
-    with open(log, "ab") as out, pytest.raises(subprocess.SubprocessError):
-        subprocess.Popen(
-            ["/bin/sh", "-c", f"touch {marker}"],
-            cwd=work,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=launch.preexec,
-        )
-    assert not marker.exists()
-    assert "[cosched] the job cannot start: [Errno 21] Is a directory" in log.read_text()
+    log_text = refused_start(launch, tmp_path)
+    assert "[cosched] the job cannot start: [Errno 21] Is a directory" in log_text

@@ -25,7 +25,7 @@ import pytest
 from portal.core.agent_sync import InProcessTransport
 from portal.core.models import Gpu, Job, Node, Placement, PlacementPart
 from tests.nodes import catalogue_node
-from tests.security.conftest import ACCOUNTS
+from tests.security.conftest import ACCOUNTS, refused_start
 from workers.agent import NodeAgent, gpu_devices_for, kill_marked_processes
 from workers.gpu.virtual_backend import VirtualBackend
 from workers.isolation import OWNER, Account, GpuDevices, JobLaunch, JobUsers
@@ -229,19 +229,8 @@ def test_a_job_whose_devices_cannot_be_hidden_does_not_run(accounts, shared_dir,
             },
         }
     )
-    log, work = shared_dir / "job.log", shared_dir / "work"
-    launch.prepare(str(log), str(work))
-    marker = shared_dir / "ran"
-    with open(log, "ab") as out, pytest.raises(subprocess.SubprocessError):
-        subprocess.Popen(
-            ["/bin/sh", "-c", f"touch {marker}"],
-            cwd=work,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            preexec_fn=launch.preexec,
-        )
-    assert not marker.exists()
-    assert f"the job cannot start: [Errno 20] cannot hide {device_dir}/nvidia2" in log.read_text()
+    log_text = refused_start(launch, shared_dir)
+    assert f"the job cannot start: [Errno 20] cannot hide {device_dir}/nvidia2" in log_text
     _host_view_unchanged(device_dir)
 
 
