@@ -127,6 +127,7 @@ import bisect
 import math
 import random
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from scheduler.domain import (
@@ -360,6 +361,7 @@ class Candidate:
         return len(self.pool) if self.pool is not None else 1
 
 
+@dataclass(slots=True, eq=False)
 class Reservation:
     """The EASY reservation of one waiting job (``reserve``; see the module docstring).
 
@@ -370,27 +372,14 @@ class Reservation:
     whose predicted end sets ``start_s``; ``label``: "v0/gpu0,1 + v1/gpu2,3".
     """
 
-    __slots__ = ("job", "start_s", "sid", "model", "gpus", "work", "until_job", "label")
-
-    def __init__(
-        self,
-        job: JobSpec,
-        start_s: float,
-        sid: int,
-        model: str,
-        gpus: tuple[tuple[int, int], ...],
-        work: tuple[WorkGpu, ...],
-        until_job: str,
-        label: str,
-    ) -> None:
-        self.job = job
-        self.start_s = start_s
-        self.sid = sid
-        self.model = model
-        self.gpus = gpus
-        self.work = work
-        self.until_job = until_job
-        self.label = label
+    job: JobSpec
+    start_s: float
+    sid: int
+    model: str
+    gpus: tuple[tuple[int, int], ...]
+    work: tuple[WorkGpu, ...]
+    until_job: str
+    label: str
 
     @property
     def text(self) -> str:
