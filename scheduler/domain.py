@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from scheduler.elastic import ElasticState
+    from scheduler.knowledge import Knowledge
 
 #: Speed of a multi-GPU job spread over several nodes relative to the same job on one node,
 #: for profiles without a measured unconsolidated time: 0.74, the median of the 165 ratios
@@ -415,6 +416,9 @@ class ClusterState:
     pending: tuple[JobSpec, ...]
     running: tuple[RunningJob, ...] = ()
     accounts: Accounts = field(default_factory=Accounts)
+    # What the cluster has learned of jobs' speeds (``scheduler.knowledge.Knowledge``): the one
+    # place a policy reads estimates from. None: profiles only (older callers, unit tests).
+    knowledge: Knowledge | None = None
 
     def node(self, name: str) -> NodeState:
         for n in self.nodes:
