@@ -42,6 +42,7 @@ import os
 import shutil
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -657,9 +658,41 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
     return EXIT_OK
 
 
+def _node_operation(client: Client, args: argparse.Namespace, out: IO[str]) -> int:
+    """``cosched nodes drain|down|resume NAME [--reason R]`` (staff), like ``scontrol update
+    nodename=NAME state=drain reason=R``."""
+    if not args.node:
+        raise CliError(f"name the node: cosched nodes {args.action} NAME", EXIT_BAD_INPUT)
+    if args.action in ("drain", "down") and not (args.reason or "").strip():
+        raise CliError(
+            f"say why: cosched nodes {args.action} {args.node} --reason 'replacing a fan'",
+            EXIT_BAD_INPUT,
+        )
+    body = {"reason": args.reason} if args.reason else {}
+    path = f"/api/v1/nodes/{urllib.parse.quote(args.node, safe='')}/{args.action}/"
+    _, data = client.request("POST", path, body=body, not_found=f"no node {args.node!r}")
+    if args.json:
+        _emit_json(data, out)
+        return EXIT_OK
+    node = data.get("node", data) if isinstance(data, dict) else {}
+    state = node.get("state") or node.get("status", "")
+    if args.action == "down":
+        requeued = data.get("requeued") or []
+        jobs = ", ".join(str(j) for j in requeued) or "none"
+        out.write(f"Node {args.node}: {state}; jobs requeued: {jobs}\n")
+    elif args.action == "drain":
+        out.write(f"Node {args.node}: {state} (running jobs finish, no new ones start)\n")
+    else:
+        out.write(f"Node {args.node}: {state}\n")
+    return EXIT_OK
+
+
 def cmd_nodes(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     """The cluster's nodes, as ``sinfo`` lists a Slurm partition; staff also see how each node
-    keeps its jobs apart (``NodeInfo.isolation``)."""
+    keeps its jobs apart (``NodeInfo.isolation``). ``drain``, ``down`` and ``resume`` change
+    one node (staff)."""
+    if getattr(args, "action", "list") != "list":
+        return _node_operation(client, args, out)
     nodes: list[dict[str, Any]] = []
     page = 1
     while True:
@@ -685,7 +718,7 @@ def cmd_nodes(client: Client, args: argparse.Namespace, out: IO[str], err: IO[st
         memory = node.get("memory_mb") or 0
         row = [
             node.get("name", ""),
-            node.get("status", ""),
+            node.get("state") or node.get("status", ""),
             node.get("kind", ""),
             gpus,
             node.get("cores", ""),
@@ -695,7 +728,12 @@ def cmd_nodes(client: Client, args: argparse.Namespace, out: IO[str], err: IO[st
         if staff:
             row.append(_isolation_text(node.get("isolation")))
         rows.append(row)
-    out.write(_table(rows, headers + (["ISOLATION"] if staff else [])) + "\n")
+    extra = ["ISOLATION"] if staff else []
+    if any(node.get("state_reason") for node in nodes):  # drained or down by staff: say why
+        extra.append("REASON")
+        for row, node in zip(rows, nodes, strict=True):
+            row.append(node.get("state_reason") or "")
+    out.write(_table(rows, headers + extra) + "\n")
     return EXIT_OK
 
 
@@ -988,8 +1026,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "nodes",
         parents=[common],
-        help="the cluster's nodes: status, GPUs, cores (staff: how each keeps jobs apart)",
+        help="the cluster's nodes: status, GPUs, cores (staff: how each keeps jobs apart); "
+        "staff: drain, down or resume one",
     )
+    p.add_argument(
+        "action",
+        nargs="?",
+        choices=["list", "drain", "down", "resume"],
+        default="list",
+        help="list (default); drain NAME: finish its jobs, start none; down NAME: requeue its "
+        "jobs now; resume NAME: back in service",
+    )
+    p.add_argument("node", nargs="?", help="the node's name (drain, down, resume)")
+    p.add_argument("--reason", help="why (drain and down need one)")
     p.set_defaults(func=cmd_nodes)
 
     p = sub.add_parser(

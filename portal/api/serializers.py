@@ -649,6 +649,13 @@ class GpuSerializer(serializers.ModelSerializer):
 
 class NodeSerializer(serializers.ModelSerializer):
     gpus = GpuSerializer(many=True, read_only=True)
+    state = serializers.SerializerMethodField(
+        help_text="as sinfo says it: up, draining (jobs still running), drained, down (lost) "
+        "or 'down (staff)'"
+    )
+    state_changed_by = serializers.CharField(
+        read_only=True, allow_null=True, help_text="staff only (null for others)"
+    )
     isolation = serializers.JSONField(
         read_only=True,
         help_text="staff only (null for others): how the node keeps jobs apart, as its agent "
@@ -666,17 +673,45 @@ class NodeSerializer(serializers.ModelSerializer):
             "memory_mb",
             "backend",
             "status",
+            "state",
+            "state_reason",
+            "state_changed_by",
+            "state_changed_at",
             "last_heartbeat",
             "gpus",
             "isolation",
         ]
+
+    def get_state(self, instance: Node) -> str:
+        from portal.core.node_ops import node_state_label
+
+        return node_state_label(instance)
 
     def to_representation(self, instance: Node) -> dict[str, Any]:
         data = super().to_representation(instance)
         request = self.context.get("request")
         if request is None or not request.user.is_staff:
             data["isolation"] = None  # accounts, paths: the operators' business
+            data["state_changed_by"] = None
         return data
+
+
+class NodeOperationSerializer(serializers.Serializer):
+    """A drain or down: why (required for both; ignored by resume)."""
+
+    reason = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=500,
+        help_text="why the node is drained or taken down (shown on the cluster page)",
+    )
+
+
+class NodeDownResultSerializer(serializers.Serializer):
+    node = NodeSerializer()
+    requeued = serializers.ListField(
+        child=serializers.IntegerField(), help_text="jobs preempted back to the queue"
+    )
 
 
 class MeSerializer(serializers.Serializer):

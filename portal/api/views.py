@@ -17,7 +17,7 @@ from drf_spectacular.utils import (
 )
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action, api_view
-from rest_framework.exceptions import ParseError, PermissionDenied, ValidationError
+from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
@@ -34,12 +34,14 @@ from portal.api.serializers import (
     JobDetailSerializer,
     JobSerializer,
     MeSerializer,
+    NodeDownResultSerializer,
+    NodeOperationSerializer,
     NodeSerializer,
     PreemptSerializer,
     ProfileImportSerializer,
     ProfileSerializer,
 )
-from portal.core import selectors, services
+from portal.core import node_ops, selectors, services
 from portal.core.importers import ProfileImportError
 from portal.core.models import ApplicationProfile, Job
 from portal.core.states import IllegalTransition
@@ -462,13 +464,89 @@ class ProfileViewSet(viewsets.ModelViewSet):
         )
 
 
-@extend_schema_view(list=extend_schema(summary="Cluster nodes with their GPUs"))
+_NODE_OP_ERRORS = {
+    400: ErrorSerializer,
+    403: ErrorSerializer,
+    404: ErrorSerializer,
+}
+
+
+@extend_schema_view(
+    list=extend_schema(summary="Cluster nodes with their GPUs"),
+    retrieve=extend_schema(
+        summary="One node, by id or by name",
+        parameters=[
+            OpenApiParameter("id", str, OpenApiParameter.PATH, description="node id or name")
+        ],
+    ),
+)
 class NodeViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = NodeSerializer
     pagination_class = StandardPagination
+    lookup_value_regex = "[^/]+"
 
     def get_queryset(self) -> Any:
         return selectors.nodes_with_gpus()
+
+    def get_object(self) -> Any:
+        """``/nodes/<id>/`` or ``/nodes/<name>/`` (what ``cosched nodes drain NAME`` sends)."""
+        value = str(self.kwargs[self.lookup_url_kwarg or self.lookup_field])
+        queryset = self.filter_queryset(self.get_queryset())
+        node = queryset.filter(name=value).first()
+        if node is None and value.isdigit():
+            node = queryset.filter(pk=int(value)).first()
+        if node is None:
+            raise NotFound(f"no node {value!r}")
+        self.check_object_permissions(self.request, node)
+        return node
+
+    def _operate(self, request: Request, op: str) -> Response:
+        node = self.get_object()
+        body = NodeOperationSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        reason = body.validated_data.get("reason")
+        actor = f"user:{request.user.get_username()}"
+        requeued: list[int] = []
+        try:
+            if op == "drain":
+                node = node_ops.node_drain(node, actor=actor, reason=reason)
+            elif op == "down":
+                node, requeued = node_ops.node_down(node, actor=actor, reason=reason)
+            else:
+                node = node_ops.node_resume(node, actor=actor)
+        except node_ops.NodeOpError as exc:
+            raise ValidationError({exc.field: [str(exc)]}) from None
+        data = NodeSerializer(node, context=self.get_serializer_context()).data
+        if op == "down":
+            return Response({"node": data, "requeued": requeued})
+        return Response(data)
+
+    @extend_schema(
+        summary="Drain a node (staff): it finishes its jobs and gets no new ones",
+        request=NodeOperationSerializer,
+        responses={200: NodeSerializer, **_NODE_OP_ERRORS},
+    )
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def drain(self, request: Request, pk: str | None = None) -> Response:
+        return self._operate(request, "drain")
+
+    @extend_schema(
+        summary="Take a node down (staff): its jobs go back to the queue, it gets none",
+        request=NodeOperationSerializer,
+        responses={200: NodeDownResultSerializer, **_NODE_OP_ERRORS},
+    )
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def down(self, request: Request, pk: str | None = None) -> Response:
+        return self._operate(request, "down")
+
+    @extend_schema(
+        summary="Resume a drained or downed node (staff)",
+        request=None,
+        responses={200: NodeSerializer, **_NODE_OP_ERRORS},
+    )
+    @action(detail=True, methods=["post"], permission_classes=[IsAdminUser])
+    def resume(self, request: Request, pk: str | None = None) -> Response:
+        return self._operate(request, "resume")
 
 
 @extend_schema_view(list=extend_schema(summary="Every GPU of the cluster"))

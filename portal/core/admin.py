@@ -409,6 +409,21 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ["kind", "status", "backend"]
     search_fields = ["name"]
     inlines = [GpuInline]
+    # What the agent reports and the lease machinery keeps is read, not edited; status changes
+    # go through drain / down / resume (cluster page, API, ``cosched nodes drain``).
+    readonly_fields = [
+        "status",
+        "last_heartbeat",
+        "lease_expires_at",
+        "sync_seq",
+        "agent_instance",
+        "isolation",
+        "state_reason",
+        "state_changed_by",
+        "state_changed_at",
+        "held_down",
+        "created_at",
+    ]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Node]:
         return super().get_queryset(request).prefetch_related("gpus")

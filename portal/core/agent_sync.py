@@ -211,9 +211,11 @@ def _renew(node: Node, request: SyncRequest, now: datetime) -> None:
         "lease_expires_at": now + timedelta(seconds=lease_s()),
         "agent_instance": request.instance,
     }
-    came_back = node.status == Node.Status.DOWN
+    # A node staff took down stays down while its agent syncs; only a resume brings it back.
+    came_back = node.status == Node.Status.DOWN and not node.held_down
     if came_back:
-        updates["status"] = Node.Status.UP
+        # A node staff drained (its reason kept) comes back draining, not up.
+        updates["status"] = Node.Status.DRAINING if node.state_reason else Node.Status.UP
     Node.objects.filter(pk=node.pk).update(**updates)
     if came_back:
         log.info("node %s is back up", node.name)

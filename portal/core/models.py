@@ -196,6 +196,13 @@ class Node(models.Model):
     # How the node keeps its jobs apart, as its agent reported at registration
     # (workers.protocol.NodeInfo.isolation: [{"what", "level", "text"}]; [] when not said).
     isolation = models.JSONField(default=list, blank=True)
+    # Node operations (``portal.core.node_ops``, like scontrol): why staff drained it or took
+    # it down, who and when. ``held_down``: taken down by staff, so its agent's next sync does
+    # not bring it back up (only a resume does).
+    state_reason = models.CharField(max_length=500, blank=True)
+    state_changed_by = models.CharField(max_length=100, blank=True)
+    state_changed_at = models.DateTimeField(null=True, blank=True)
+    held_down = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name"]

@@ -103,6 +103,8 @@ def node_register(
         if not created:
             # A draining node stays draining: an agent restart is not an operator's decision.
             status = node.status if node.status == Node.Status.DRAINING else Node.Status.UP
+            if node.held_down:
+                status = Node.Status.DOWN  # taken down by staff: only a resume lifts it
             Node.objects.filter(pk=node.pk).update(
                 kind=kind,
                 cores=cores,

@@ -16,6 +16,11 @@ urlpatterns = [
     path("profiles/", views.profiles, name="profiles"),
     path("profiles/<int:profile_id>/", views.profile_detail, name="profile_detail"),
     path("cluster/", views.cluster, name="cluster"),
+    path(
+        "cluster/nodes/<int:node_id>/<str:op>/",
+        views.node_operate_view,
+        name="node_operate",
+    ),
     path("usage/", teams_views.usage_page, name="usage"),
     path("account/", views.account, name="account"),
     path("account/tokens/", views.token_new, name="token_new"),

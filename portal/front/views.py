@@ -10,14 +10,15 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Page, Paginator
 from django.db.models import Count, Q, QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import NoReverseMatch, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from portal.core import selectors, validation
+from portal.core import node_ops, selectors, validation
 from portal.core.models import Job, Node, PolicySettings
+from portal.core.node_ops import node_state_label
 from portal.core.policy_settings import validate_policy_settings
 from portal.core.services import IdempotencyConflict, job_cancel, job_preempt, job_submit
 from portal.core.states import PLACED, IllegalTransition, JobState
@@ -256,6 +257,7 @@ def cluster(request: HttpRequest) -> HttpResponse:
     live = {n["id"]: n for n in overview_nodes(nodes, request.user, timezone.now())}
     for node in nodes:  # the live view rides on the rows the template already walks
         node.live = live[node.pk]
+        node.state_label = node_state_label(node, running=node.live.get("job_count"))
         live_gpus = {g["id"]: g for g in node.live["gpus"]}
         for gpu in node.gpus.all():
             gpu.live = live_gpus.get(gpu.pk)
@@ -292,6 +294,34 @@ def cluster(request: HttpRequest) -> HttpResponse:
             "running_jobs": counts.get(JobState.RUNNING, 0),
         },
     )
+
+
+@login_required
+@require_POST
+def node_operate_view(request: HttpRequest, node_id: int, op: str) -> HttpResponse:
+    """Drain, take down or resume a node from the cluster page (staff)."""
+    if not request.user.is_staff:
+        raise PermissionDenied("only staff can drain, take down or resume nodes")
+    if op not in node_ops.ACTIONS:
+        raise Http404(f"no node operation {op!r}")
+    node = get_object_or_404(Node, pk=node_id)
+    reason = " ".join(request.POST.get("reason", "").split())
+    actor = _actor(request)
+    try:
+        if op == "drain":
+            node_ops.node_drain(node, actor=actor, reason=reason)
+            messages.success(request, f"Node {node.name} drains: its jobs finish, none start.")
+        elif op == "down":
+            _, requeued = node_ops.node_down(node, actor=actor, reason=reason)
+            messages.success(
+                request, f"Node {node.name} is down: {len(requeued)} job(s) back in the queue."
+            )
+        else:
+            node_ops.node_resume(node, actor=actor)
+            messages.success(request, f"Node {node.name} is back in service.")
+    except node_ops.NodeOpError as exc:
+        messages.error(request, f"Node {node.name}: {exc}")
+    return redirect(f"{reverse('cluster')}#node-{node.pk}")
 
 
 # -- account and API tokens -------------------------------------------------------------------
