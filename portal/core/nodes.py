@@ -164,6 +164,13 @@ def node_token_revoke(node_name: str, *, keep: NodeToken | None = None) -> int:
     return tokens.update(revoked_at=timezone.now())
 
 
+def node_token_revoke_one(token: NodeToken) -> bool:
+    """Revoke this one token (the staff page's button); False if it was revoked already."""
+    return bool(
+        NodeToken.objects.filter(pk=token.pk, revoked_at=None).update(revoked_at=timezone.now())
+    )
+
+
 def node_token_node(key: str) -> str | None:
     """The node whose active token ``key`` is, or None; records when it was used."""
     if not key.startswith(NODE_TOKEN_PREFIX):

@@ -276,6 +276,21 @@ class ProfileFilterForm(forms.Form):
     q = forms.CharField(required=False, max_length=200, label="Search")
 
 
+class NodeTokenCreateForm(forms.Form):
+    node_name = forms.CharField(
+        label="Node name",
+        max_length=100,
+        widget=forms.TextInput(attrs={"placeholder": "e.g. gpu-node-1"}),
+        help_text="the --name its agent will run with; the token is valid for that node only",
+    )
+
+    def clean_node_name(self) -> str:
+        name = self.cleaned_data["node_name"].strip()
+        if not name or any(c.isspace() or c in "/\x00" for c in name):
+            raise forms.ValidationError("a node name has no spaces, slashes or NUL characters")
+        return name
+
+
 class TokenCreateForm(forms.Form):
     name = forms.CharField(
         max_length=100,

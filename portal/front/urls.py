@@ -16,6 +16,12 @@ urlpatterns = [
     path("profiles/", views.profiles, name="profiles"),
     path("profiles/<int:profile_id>/", views.profile_detail, name="profile_detail"),
     path("cluster/", views.cluster, name="cluster"),
+    path("cluster/node-tokens/", views.node_tokens, name="node_tokens"),
+    path(
+        "cluster/node-tokens/<int:token_id>/revoke/",
+        views.node_token_revoke_view,
+        name="node_token_revoke",
+    ),
     path(
         "cluster/nodes/<int:node_id>/<str:op>/",
         views.node_operate_view,

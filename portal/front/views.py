@@ -324,6 +324,59 @@ def node_operate_view(request: HttpRequest, node_id: int, op: str) -> HttpRespon
     return redirect(f"{reverse('cluster')}#node-{node.pk}")
 
 
+def _staff_only(request: HttpRequest, what: str) -> None:
+    if not request.user.is_staff:
+        raise PermissionDenied(f"only staff can {what}")
+
+
+@login_required
+def node_tokens(request: HttpRequest) -> HttpResponse:
+    """Node tokens (staff): list, create (the key shown once), revoke."""
+    from portal.core.models import NodeToken
+    from portal.core.nodes import node_token_create
+    from portal.front.forms import NodeTokenCreateForm
+
+    _staff_only(request, "manage node tokens")
+    extra: dict[str, object] = {}
+    form = NodeTokenCreateForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        token, key = node_token_create(form.cleaned_data["node_name"])
+        extra = {"new_token": token, "new_key": key}
+        form = NodeTokenCreateForm()
+    response = render(
+        request,
+        "front/node_tokens.html",
+        {
+            "form": form,
+            "tokens": NodeToken.objects.all(),
+            "known_nodes": set(Node.objects.values_list("name", flat=True)),
+            **extra,
+        },
+        status=400 if form.errors else 200,
+    )
+    response["Cache-Control"] = "no-store"  # the page may show a new key once
+    return response
+
+
+@login_required
+@require_POST
+def node_token_revoke_view(request: HttpRequest, token_id: int) -> HttpResponse:
+    from portal.core.models import NodeToken
+    from portal.core.nodes import node_token_revoke_one
+
+    _staff_only(request, "manage node tokens")
+    token = get_object_or_404(NodeToken, pk=token_id)
+    if node_token_revoke_one(token):
+        messages.success(
+            request,
+            f"Token {token.prefix}… of node {token.node_name} revoked: an agent using it can no "
+            "longer sync (its node is marked down once the lease runs out).",
+        )
+    else:
+        messages.error(request, f"Token {token.prefix}… was revoked already.")
+    return redirect("node_tokens")
+
+
 # -- account and API tokens -------------------------------------------------------------------
 
 

@@ -4,6 +4,7 @@ scheduling loop with real job processes (the embedded loop, virtual CPU nodes)."
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -181,3 +182,36 @@ def test_cli_drain_down_resume(live_server, staff, alice):
     resumed = run_cli("nodes", "resume", "ops-cli", url=url, token=key)
     assert resumed.code == 0 and "ops-cli: up" in resumed.out
     assert run_cli("nodes", "drain", "nope", "--reason", "x", url=url, token=key).code == 4
+
+
+# -- node tokens from a staff page ------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_staff_create_and_revoke_node_tokens_from_the_page(client, staff, alice):
+    from portal.core.models import NodeToken
+    from portal.core.nodes import node_token_node
+
+    client.force_login(alice)
+    assert client.get("/cluster/node-tokens/").status_code == 403
+    client.force_login(staff)
+    empty = client.get("/cluster/node-tokens/")
+    assert empty.status_code == 200 and "No node tokens yet" in empty.content.decode()
+    assert 'id="node-tokens-link"' in client.get("/cluster/").content.decode()
+
+    bad = client.post("/cluster/node-tokens/", {"node_name": "gpu 1"})
+    assert bad.status_code == 400 and "no spaces" in bad.content.decode()
+    assert not NodeToken.objects.exists()
+
+    made = client.post("/cluster/node-tokens/", {"node_name": "gpu-9"})
+    assert made.status_code == 200 and made["Cache-Control"] == "no-store"
+    key = re.search(r'id="new-node-key">([^<]+)<', made.content.decode()).group(1)
+    assert node_token_node(key) == "gpu-9"  # the key shown works for that node
+    token = NodeToken.objects.get()
+    assert key not in client.get("/cluster/node-tokens/").content.decode()  # shown once
+
+    revoked = client.post(f"/cluster/node-tokens/{token.pk}/revoke/", follow=True)
+    assert "revoked" in revoked.content.decode()
+    assert node_token_node(key) is None
+    again = client.post(f"/cluster/node-tokens/{token.pk}/revoke/", follow=True)
+    assert "was revoked already" in again.content.decode()
