@@ -36,6 +36,10 @@ fact recorded exactly once, in any order with the node's syncs. So a job that fi
 agent was away is not run again when the node's lease runs out (Slurm's slurmstepd reports step
 completion to the controller the same way).
 
+**Versions.** Every message carries ``version``. A portal accepts agents of its own protocol
+version and of the one before (``OLDEST_AGENT_VERSION``) and answers each in the version it
+spoke, so a rolling upgrade (portal first, then the agents node by node) never stops a node.
+
 **Nudges** (``nudge_channel``) carry no content: they only make an agent sync now, so a forged one
 does nothing but cost a request.
 
@@ -52,7 +56,14 @@ from typing import Any, Protocol, TypeVar
 
 from workers.profiles import profile_to_json as profile_payload  # noqa: F401  (part of the contract)
 
-PROTOCOL_VERSION = 1
+#: The protocol this code speaks. Version 2 (2026-11): agents report which protocol they
+#: speak on every request and the portal answers in the agent's version; fields added since
+#: version 1 are optional both ways (readers ignore keys they do not know).
+PROTOCOL_VERSION = 2
+#: The oldest agent protocol a portal accepts: one version older, so agents can be upgraded one
+#: node at a time after the portal (docs/upgrade.md). An older agent is refused with a message
+#: saying to upgrade it.
+OLDEST_AGENT_VERSION = PROTOCOL_VERSION - 1
 SYNC_PATH = "/agent/v1/sync"  # the portal's HTTP endpoint (POST, JSON)
 RESULTS_PATH = "/agent/v1/results"  # where a runner reports its result when its agent cannot
 AUTH_SCHEME = "Bearer"  # Authorization: Bearer <node token>
@@ -92,6 +103,22 @@ class ProtocolError(ValueError):
 
 class TransportError(RuntimeError):
     """A sync could not be completed (portal unreachable, HTTP error, bad reply)."""
+
+
+def _agent_version(r: _Reader) -> int:
+    """The version of an agent's message, if this portal accepts it (ProtocolError if not)."""
+    version = int(r.int("version"))
+    if version > PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"version: this portal speaks protocol {OLDEST_AGENT_VERSION}-{PROTOCOL_VERSION} "
+            f"and the agent {version}: upgrade the portal first (docs/upgrade.md)"
+        )
+    if version < OLDEST_AGENT_VERSION:
+        raise ProtocolError(
+            f"version: this portal accepts agents of protocol {OLDEST_AGENT_VERSION} and newer, "
+            f"this agent speaks {version}: upgrade the agent (docs/upgrade.md)"
+        )
+    return version
 
 
 def nudge_channel(node: str) -> str:
@@ -640,9 +667,7 @@ class SyncRequest:
     @classmethod
     def from_json(cls, data: bytes | str | Mapping[str, Any]) -> SyncRequest:
         r = _Reader(_parse(data), "")
-        version = r.int("version")
-        if version != PROTOCOL_VERSION:
-            raise ProtocolError(f"version: this portal speaks {PROTOCOL_VERSION}, got {version}")
+        version = _agent_version(r)
         info = r.obj("info")
         return cls(
             version=version,

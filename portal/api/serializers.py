@@ -677,6 +677,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "state_reason",
             "state_changed_by",
             "state_changed_at",
+            "agent_version",
             "last_heartbeat",
             "gpus",
             "isolation",

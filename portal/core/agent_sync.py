@@ -113,7 +113,7 @@ def agent_sync(request: SyncRequest) -> SyncReply:
         node = Node.objects.select_for_update().filter(name=request.node).first()
         if node is None:
             if request.info is None:
-                return _reply(request.node, send_info=True)
+                return _reply(request.node, version=request.version, send_info=True)
             _register(request)
             node = Node.objects.select_for_update().get(name=request.node)
         elif request.seq <= node.sync_seq:
@@ -123,7 +123,7 @@ def agent_sync(request: SyncRequest) -> SyncReply:
                 request.seq,
                 node.sync_seq,
             )
-            return _reply(request.node, resync_from=node.sync_seq + 1)
+            return _reply(request.node, version=request.version, resync_from=node.sync_seq + 1)
         elif request.info is not None:
             _register(request)
         _renew(node, request, now)
@@ -133,6 +133,7 @@ def agent_sync(request: SyncRequest) -> SyncReply:
     _after(node, effects)
     return _reply(
         node.name,
+        version=request.version,  # answered in the agent's own protocol version
         acked=tuple(acked),
         desired=tuple(desired),
         drop_checkpoints=checkpoints_to_drop(request.checkpoints, now),
@@ -165,7 +166,7 @@ def agent_report_results(report: ResultReport) -> ResultAck:
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(name=report.node).first()
         if node is None:
-            return ResultAck(acked=())
+            return ResultAck(acked=(), version=report.version)
         for result in report.results:
             part = _part_of(node, result.key)
             if part is None:
@@ -176,7 +177,7 @@ def agent_report_results(report: ResultReport) -> ResultAck:
             _record_result(node, part, result, now)
             log.info("node %s: the runner of %s reported its result itself", node.name, result.key)
     _after(node, effects)
-    return ResultAck(acked=tuple(r.key for r in report.results))
+    return ResultAck(acked=tuple(r.key for r in report.results), version=report.version)
 
 
 def _part_of(node: Node, key: AttemptKey) -> PlacementPart | None:
@@ -210,6 +211,7 @@ def _renew(node: Node, request: SyncRequest, now: datetime) -> None:
         "last_heartbeat": now,
         "lease_expires_at": now + timedelta(seconds=lease_s()),
         "agent_instance": request.instance,
+        "agent_version": request.version,
     }
     # A node staff took down stays down while its agent syncs; only a resume brings it back.
     came_back = node.status == Node.Status.DOWN and not node.held_down

@@ -203,9 +203,20 @@ class Node(models.Model):
     state_changed_by = models.CharField(max_length=100, blank=True)
     state_changed_at = models.DateTimeField(null=True, blank=True)
     held_down = models.BooleanField(default=False)
+    # The node protocol version its agent spoke at its last sync (0: not synced yet); one older
+    # than the portal's is accepted during a rolling upgrade and shown on the cluster page.
+    agent_version = models.PositiveSmallIntegerField(default=0)
 
     class Meta:
         ordering = ["name"]
+
+    @property
+    def agent_outdated(self) -> bool:
+        """Its agent spoke an older protocol than the portal's at its last sync (accepted
+        during a rolling upgrade: upgrade the agent)."""
+        from workers.protocol import PROTOCOL_VERSION
+
+        return 0 < self.agent_version < PROTOCOL_VERSION
 
     def isolation_rows(self) -> list[dict[str, str]]:
         """``isolation`` with each aspect's label and CSS class (``iso-ok``, ``iso-weak``,
