@@ -196,6 +196,9 @@ class Node(models.Model):
     # How the node keeps its jobs apart, as its agent reported at registration
     # (workers.protocol.NodeInfo.isolation: [{"what", "level", "text"}]; [] when not said).
     isolation = models.JSONField(default=list, blank=True)
+    # The container runtimes its agent reported (NodeInfo.container_runtimes: "podman",
+    # "apptainer"); container jobs are placed only on nodes with one (docs/containers.md).
+    container_runtimes = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["name"]
