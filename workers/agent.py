@@ -1713,6 +1713,26 @@ def _parser() -> argparse.ArgumentParser:
         "$COSCHED_CHECKPOINT_ROOT, else <data-dir>/checkpoints); shared storage lets a "
         "preempted job resume on another node",
     )
+    p.add_argument(
+        "--container-runtimes",
+        default=os.environ.get("COSCHED_CONTAINER_RUNTIMES") or None,
+        help="container runtimes this node runs jobs' images with, comma-separated (podman, "
+        "apptainer; 'none': no container jobs here; default $COSCHED_CONTAINER_RUNTIMES, else "
+        "those installed; docs/containers.md)",
+    )
+    p.add_argument(
+        "--containers-conf",
+        default=os.environ.get("COSCHED_CONTAINERS_CONF") or None,
+        help="the containers.conf Podman runs with (CONTAINERS_CONF; default "
+        "$COSCHED_CONTAINERS_CONF, else one the agent writes in its state directory: runtime "
+        "runc, default_ulimits = [], cgroupfs)",
+    )
+    p.add_argument(
+        "--container-network",
+        default=os.environ.get("COSCHED_CONTAINER_NETWORK") or "none",
+        help="the network of a job's container: none (default; $COSCHED_CONTAINER_NETWORK), "
+        "host, or a Podman network's name",
+    )
     return p
 
 
@@ -1805,6 +1825,7 @@ def main(argv: list[str] | None = None) -> int:
         backend = _open_backend(opts)
         job_users, limits = _isolation(opts)
         gpu_devices = gpu_devices_for(backend, opts.backend, opts.gpu_device_dir)
+        runtimes = containers.detect_runtimes(opts.container_runtimes)
     except (UsageError, ValueError) as exc:
         print(f"node agent: {exc}", file=sys.stderr)
         if backend is not None:
@@ -1825,6 +1846,9 @@ def main(argv: list[str] | None = None) -> int:
         limits=limits,
         checkpoint_root=Path(opts.checkpoint_root) if opts.checkpoint_root else None,
         gpu_devices=gpu_devices,
+        container_runtimes=runtimes,
+        containers_conf=Path(opts.containers_conf) if opts.containers_conf else None,
+        container_network=opts.container_network,
     )
     stop = threading.Event()
 
@@ -1849,6 +1873,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"node {opts.name}: {job_users.describe()}; {limits.describe()}; {gpu_devices.describe()}",
+        flush=True,
+    )
+    print(
+        f"node {opts.name}: container runtimes: {', '.join(runtimes) or 'none'}"
+        + (f" (network {agent.container_network})" if runtimes else ""),
         flush=True,
     )
     listener = None
