@@ -655,6 +655,12 @@ class NodeSerializer(serializers.ModelSerializer):
         'reported: [{"what": "accounts" | "limits" | "gpu_devices", "level": "ok" | "weak" | '
         '"n/a", "text"}]',
     )
+    container_runtimes = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text='container runtimes the node runs container jobs with ("podman", '
+        '"apptainer"; docs/containers.md); empty: no container jobs there',
+    )
 
     class Meta:
         model = Node
@@ -668,6 +674,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "status",
             "last_heartbeat",
             "gpus",
+            "container_runtimes",
             "isolation",
         ]
 

@@ -102,3 +102,22 @@ def test_an_agents_runtimes_reach_the_node_row_and_the_scheduler(alice):
     job = Job.objects.create(owner=alice, name="c", command="", container_image="localhost/t:1")
     plain = Job.objects.create(owner=alice, name="p", command="true")
     assert adapters.job_to_domain(job).container and not adapters.job_to_domain(plain).container
+
+
+def test_the_api_and_cosched_nodes_list_each_nodes_runtimes(live_server, alice, alice_api):
+    from portal.front.services import token_create
+    from tests.portal.test_cli import run_cli
+
+    _register("ctr-1", ["podman"])
+    _register("plain-1", [])
+    by_name = {n["name"]: n for n in alice_api.get("/api/v1/nodes/").json()["results"]}
+    assert by_name["ctr-1"]["container_runtimes"] == ["podman"]
+    assert by_name["plain-1"]["container_runtimes"] == []
+    result = run_cli("nodes", url=live_server.url, token=token_create(alice, name="t")[1])
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert "CONTAINERS" in lines[0].split()
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    # NODE STATUS KIND GPUS CORES MEMORY(2 words) CONTAINERS HEARTBEAT...
+    assert rows["ctr-1"][:8] == ["ctr-1", "up", "cpu", "-", "8", "16", "GB", "podman"]
+    assert rows["plain-1"][7] == "-"
