@@ -118,11 +118,21 @@ def _status(agent: NodeAgent, job: Job) -> str | None:
     return json.loads(out.stdout)[0]["State"]["Status"]
 
 
-def test_pause_freezes_the_container_and_cancel_removes_it(owner, node, agent, image):  # noqa: F811
+def test_pause_freezes_the_container_and_cancel_removes_it(owner, node, agent, image, account):  # noqa: F811
     job = _job(owner, node, "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done", image)
     log = agent.log_path(job.pk)
     _until(agent, lambda: "tick 3" in log.read_text(errors="replace"), "the job's output")
     assert _status(agent, job) == "running"
+    spec = json.loads((agent.attempts_dir / f"{job.pk}-1" / "spec.json").read_text())
+    argv = spec["argv"]
+    assert argv[:2] == ["podman", "run"] and argv[argv.index("--user") + 1] == (
+        f"{account.pw_uid}:{account.pw_gid}"
+    )
+    assert argv[argv.index("--network") + 1] == "none"
+    assert "COSCHED_JOB_ID" in argv and not any(a.startswith("COSCHED_JOB_ID=") for a in argv)
+    assert spec["env"]["CONTAINERS_CONF"] == str(agent.containers_conf)
+    assert "default_ulimits = []" in agent.containers_conf.read_text()
+    assert spec["isolation"]["client"] and "limits" not in spec["isolation"]
 
     services.job_pause(Job.objects.get(pk=job.pk), actor=f"user:{PORTAL_USER}")
     _until(agent, lambda: _status(agent, job) == "paused", "podman pause")
