@@ -899,10 +899,11 @@ class NodeAgent:
         env["CONTAINERS_CONF"] = str(self.containers_conf)
         return env
 
-    def _podman(self, a: _Attempt, action: str) -> None:
-        """``podman pause|unpause`` of a container attempt (no-op for other attempts)."""
+    def _podman(self, a: _Attempt, action: str) -> bool:
+        """``podman pause|unpause|rm`` of a container attempt's container; False for other
+        attempts or when the command failed (logged)."""
         if not a.spec.container_image.strip() or containers.PODMAN not in self.container_runtimes:
-            return
+            return False
         name = containers.container_name(self.marker, a.spec.job_id, a.spec.attempt)
         argv = containers.podman_control_argv(action, name)
         try:
@@ -911,6 +912,8 @@ class NodeAgent:
             )
         except (OSError, subprocess.SubprocessError) as exc:
             log.warning("%s: %s failed: %s", self.name, " ".join(argv), exc)
+            return False
+        return True
 
     def _report_target(self, spec: AttemptSpec) -> dict[str, Any] | None:
         """Where the attempt's runner may report its result itself (HTTP only)."""
@@ -1109,6 +1112,8 @@ class NodeAgent:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(a.job_pid, signal.SIGKILL)
                 killed = f"; its job's process group {a.job_pid} was killed"
+            if self._podman(a, "rm"):  # a container outlives its client: removed here
+                killed += "; its container, if left, was removed"
             data = {
                 "outcome": "lost",
                 "exit_code": None,
