@@ -161,3 +161,13 @@ def test_a_node_without_a_runtime_fails_the_launch_and_says_why(owner, node, dat
     finally:
         agent.shutdown(kill_jobs=True)
         kill_marked_processes(agent.marker)
+
+
+def test_a_container_past_its_time_limit_is_stopped_and_removed(owner, node, agent, image):  # noqa: F811
+    job = _job(owner, node, "trap 'echo got-term; exit 143' TERM; sleep 60 & wait", image)
+    Job.objects.filter(pk=job.pk).update(time_limit_s=2)
+    ended = _until(agent, lambda: _state(job) in ("FAILED", "COMPLETED") and _state(job), "the end")
+    job.refresh_from_db()
+    assert "time limit" in (job.failure_reason or ""), (ended, job.failure_reason)
+    assert "got-term" in agent.log_path(job.pk).read_text(errors="replace")
+    assert _status(agent, job) is None
