@@ -851,6 +851,8 @@ class NodeAgent:
         mounts = [env[CHECKPOINT_DIR_ENV], *([str(self.mps_pipe_dir)] if mps else [])]
         name = containers.container_name(self.marker, spec.job_id, spec.attempt)
         host = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+        if not containers.valid_image(spec.container_image):
+            raise LaunchError(f"not an image reference: {spec.container_image!r}")
         if runtime == containers.APPTAINER:
             argv = containers.apptainer_exec_argv(
                 spec.container_image,

@@ -38,6 +38,9 @@ APPTAINER = "apptainer"
 RUNTIMES = (PODMAN, APPTAINER)  # in order of preference
 CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 CDI_GPU_KIND = "nvidia.com/gpu"
+# An image reference (``registry/name:tag``, ``name@sha256:...``; for Apptainer also a path or
+# ``docker://...``): never an option (a leading ``-`` would be read as one by the runtime).
+IMAGE_RE = re.compile(r"[a-zA-Z0-9/][a-zA-Z0-9._/:@+-]*")
 # Names the runner gives its containers: unique per attempt (and per agent, by its marker).
 NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]")
 # Variables never passed into a container: the host's paths and identity (the image has its
@@ -49,6 +52,11 @@ HOST_ONLY_ENV = frozenset(
 HOST_ONLY_PREFIXES = ("LD_", "XDG_", "SSH_", "SUDO_", "DBUS_")
 # The host's locale and time zone do go in.
 KEEP_ENV = frozenset({"LANG", "LANGUAGE", "TZ"})
+
+
+def valid_image(image: str) -> bool:
+    """Whether ``image`` is an image reference (``IMAGE_RE``, at most 300 characters)."""
+    return len(image) <= 300 and IMAGE_RE.fullmatch(image) is not None
 
 
 def detect_runtimes(
@@ -175,8 +183,8 @@ def podman_run_argv(
     SIGTERM on to the job (without it the job's first process is pid 1, which ignores the
     SIGTERM it has no handler for: a stop then ends with SIGKILL after the grace).
     """
-    if not image.strip():
-        raise ValueError("no container image")
+    if not valid_image(image):
+        raise ValueError(f"not an image reference: {image!r}")
     argv = [podman, "run", "--rm", "--name", name, "--pull", "never"]
     if init:
         argv.append("--init")
@@ -231,8 +239,8 @@ def apptainer_exec_argv(
     but the ``APPTAINERENV_*`` variables, the work directory bound and current, ``--nv`` for a
     GPU job on an NVIDIA node. Cores and memory are the job's cgroup's (``workers.isolation``).
     Network: Apptainer shares the host's."""
-    if not image.strip():
-        raise ValueError("no container image")
+    if not valid_image(image):
+        raise ValueError(f"not an image reference: {image!r}")
     argv = [apptainer, "exec", "--containall", "--cleanenv", "--no-home"]
     if nvidia:
         argv.append("--nv")

@@ -189,11 +189,14 @@ def container_image_error(image: str) -> str:
     runtime (with no node at all, the job waits for the first one, as admission says)."""
     from django.conf import settings
 
-    from workers.containers import image_allowed
+    from workers.containers import image_allowed, valid_image
 
     patterns = list(settings.COSCHED.get("CONTAINER_IMAGES") or ())
-    if any(c.isspace() for c in image):
-        return "an image name has no spaces"
+    if not valid_image(image):
+        return (
+            "not an image reference: letters, digits and . _ / : @ + - only, starting with a "
+            "letter, a digit or / (such as docker.io/library/python:3.12)"
+        )
     if not image_allowed(image, patterns):
         return f"image {image} is not allowed here (allowed: {', '.join(patterns)})"
     if not container_runtime_available():

@@ -47,6 +47,15 @@ def test_an_image_off_the_allow_list_is_a_400_naming_the_field(alice_api):
     assert Job.objects.get().container_image == "localhost/t:1"
 
 
+def test_an_image_that_would_be_an_option_is_a_400(alice_api):
+    _register("ctr-1", ["podman"])
+    for image in ("--privileged", "-v/:/host", "a b"):
+        response = alice_api.post(URL, {**JOB, "container_image": image}, format="json")
+        assert response.status_code == 400, image
+        assert "not an image reference" in response.json()["container_image"][0]
+    assert Job.objects.count() == 0
+
+
 def test_without_a_node_with_a_runtime_an_image_is_a_400_naming_the_field(alice_api):
     _register("plain-1", [])
     response = alice_api.post(URL, {**JOB, "container_image": "localhost/t:1"}, format="json")

@@ -72,8 +72,12 @@ def test_podman_run_without_limits_or_command_and_with_mps_and_a_network():
     assert "--cpus" not in argv and "--memory" not in argv and "--device" not in argv
     assert _pairs(argv, "--network") == ["host"] and _pairs(argv, "--ipc") == ["host"]
     assert "--init" in argv
-    with pytest.raises(ValueError):
-        podman_run_argv(" ", "x", [], name="n", uid=0, gid=0, workdir="/w")
+    for bad in (" ", "--privileged", "-v/:/host", "img name", "img\n"):
+        with pytest.raises(ValueError):  # never an option of podman's
+            podman_run_argv(bad, "x", [], name="n", uid=0, gid=0, workdir="/w")
+    assert containers.valid_image("nvcr.io/nvidia/pytorch:24.05-py3")
+    assert containers.valid_image("python@sha256:0123abcd")
+    assert containers.valid_image("/opt/images/train.sif")
 
 
 def test_control_commands():
