@@ -16,8 +16,12 @@ TEST_ENV := DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:543
 
 # Browser tests drive Debian's headless Chromium through its chromedriver.
 BROWSER_PACKAGES := chromium chromium-driver
+# Container jobs (docs/containers.md) run with Podman and runc; the tests build their image from
+# a static busybox (nothing is pulled).
+CONTAINER_PACKAGES := podman runc busybox-static
 
-.PHONY: install demo test test-slow lint bench bench-quick browser-deps migrate clean lock docs chaos
+.PHONY: install demo test test-slow lint bench bench-quick browser-deps container-deps migrate clean \
+	lock docs chaos
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -94,13 +98,41 @@ browser-deps:
 			{ echo "browser-deps: apt-get ran but chromium/chromedriver are still missing"; exit 1; }; \
 	fi
 
+# Installs Podman, runc and a static busybox with apt-get when missing (as root, or through
+# passwordless sudo), for the container tests (tests/security/test_containers_live.py). Without
+# either it says what to run and carries on (those tests then skip), except under CI=true.
+container-deps:
+	@if command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && \
+		dpkg -s busybox-static >/dev/null 2>&1; then \
+		echo "container-deps: podman, runc and busybox-static present"; \
+	elif ! command -v apt-get >/dev/null 2>&1; then \
+		echo "container-deps: no apt-get here; install $(CONTAINER_PACKAGES) yourself" \
+			"(the container tests skip without them)"; \
+		if [ "$${CI:-}" = true ]; then echo "container-deps: CI=true needs them: failing"; exit 1; fi; \
+	else \
+		if [ "$$(id -u)" = 0 ]; then SUDO=; \
+		elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO=sudo; \
+		else \
+			echo "container-deps: $(CONTAINER_PACKAGES) missing and not root (no passwordless sudo);"; \
+			echo "  run: sudo apt-get install -y $(CONTAINER_PACKAGES)"; \
+			if [ "$${CI:-}" = true ]; then echo "container-deps: CI=true needs them: failing"; exit 1; fi; \
+			exit 0; \
+		fi; \
+		echo "container-deps: installing $(CONTAINER_PACKAGES) with apt-get"; \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 update -q && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q \
+			--no-install-recommends $(CONTAINER_PACKAGES) || exit 1; \
+		command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 || \
+			{ echo "container-deps: apt-get ran but podman/runc are still missing"; exit 1; }; \
+	fi
+
 # `make test`: every test but the few heaviest full-stack ones (marked `slow`: the elastic,
 # Slow-Down and seed 004 live runs, the 200-job double-placement run and the quick chaos suite),
 # which `make test-slow` runs; CI (.ci/run) runs both.
-test: install lint browser-deps
+test: install lint browser-deps container-deps
 	$(TEST_ENV) $(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
-test-slow: install browser-deps
+test-slow: install browser-deps container-deps
 	$(TEST_ENV) $(BIN)/pytest -m slow $(PYTEST_ARGS)
 
 # The chaos suite (docs/reliability.md): the real stack on a scratch PostgreSQL database and a

@@ -708,7 +708,7 @@ def cmd_nodes(client: Client, args: argparse.Namespace, out: IO[str], err: IO[st
         out.write("No nodes: a node appears when its agent first syncs (docs/nodes.md).\n")
         return EXIT_OK
     staff = any(node.get("isolation") is not None for node in nodes)
-    headers = ["NODE", "STATUS", "KIND", "GPUS", "CORES", "MEMORY", "HEARTBEAT"]
+    headers = ["NODE", "STATUS", "KIND", "GPUS", "CORES", "MEMORY", "CONTAINERS", "HEARTBEAT"]
     rows = []
     for node in nodes:
         models: dict[str, int] = {}
@@ -723,6 +723,7 @@ def cmd_nodes(client: Client, args: argparse.Namespace, out: IO[str], err: IO[st
             gpus,
             node.get("cores", ""),
             f"{memory / 1024:.0f} GB" if memory else "-",
+            ",".join(node.get("container_runtimes") or ()) or "-",
             _when(node["last_heartbeat"])[:16] if node.get("last_heartbeat") else "never",
         ]
         if staff:

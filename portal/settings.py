@@ -241,6 +241,9 @@ COSCHED = {
     # jobs count their core-seconds times FAIRSHARE_CPU_WEIGHT (GPU-seconds count 1).
     "FAIRSHARE_HALF_LIFE_S": envfloat("COSCHED_FAIRSHARE_HALF_LIFE_S", 7 * 24 * 3600.0),
     "FAIRSHARE_CPU_WEIGHT": envfloat("COSCHED_FAIRSHARE_CPU_WEIGHT", 0.0),
+    # Container jobs (docs/containers.md): the images users may run, as comma-separated shell
+    # patterns ("docker.io/library/*,localhost/*"); empty: any image.
+    "CONTAINER_IMAGES": envlist("COSCHED_CONTAINER_IMAGES", ""),
 }
 for _net in COSCHED["METRICS_ALLOWED_NETWORKS"]:  # a typo fails at start-up, not per scrape
     try:

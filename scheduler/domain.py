@@ -212,6 +212,9 @@ class JobSpec:
     # shared GPU. Co-locating policies do not place it beside them again (framework), so a
     # pair that cannot co-run is not tried over and over.
     oom_with: frozenset[str] = frozenset()
+    # It runs in a container image (docs/containers.md): only nodes with a container runtime
+    # (``NodeState.container_runtimes``) may take it.
+    container: bool = False
 
     def type_key(self) -> str:
         """What makes two jobs interchangeable for pooling, scoring and ``oom_with``: the job
@@ -354,6 +357,9 @@ class NodeState:
     memory_mb: float = 0.0
     up: bool = True
     gpus: tuple[GpuState, ...] = ()
+    # The container runtimes its agent reported (``podman``, ``apptainer``): container jobs go
+    # only to nodes with one.
+    container_runtimes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -68,6 +69,7 @@ from typing import Any
 
 from scheduler.catalog import UnknownGpuModel, gpu_spec
 from scheduler.domain import JobKind, Placement, Profile, SharingMode
+from workers import containers
 from workers import runner as runner_files
 from workers.gpu.base import DeviceInfo, GpuBackend, GpuBackendError
 from workers.isolation import GpuDevices, IsolationError, JobUsers, Limits, node_isolation
@@ -220,6 +222,9 @@ class NodeAgent:
         checkpoint_root: Path | None = None,
         gpu_devices: GpuDevices | None = None,
         gpu_device_dir: Path | None = None,
+        container_runtimes: Sequence[str] | None = None,
+        containers_conf: Path | None = None,
+        container_network: str | None = None,
     ) -> None:
         """``backend`` None: a node without GPUs (``kind`` "cpu"). Directories default to
         ``<data>/logs``, ``<data>/work`` and ``<data>/agent/<name>`` (``data_dir``: the
@@ -234,7 +239,14 @@ class NodeAgent:
 
         ``checkpoint_root``: each job's ``COSCHED_CHECKPOINT_DIR`` is ``<root>/job-<id>``
         (default ``$COSCHED_CHECKPOINT_ROOT``, else ``<data>/checkpoints``); a job resumes on
-        another node only if that node sees the same directory (shared storage)."""
+        another node only if that node sees the same directory (shared storage).
+
+        Containers (docs/containers.md, ``workers.containers``): ``container_runtimes`` the
+        runtimes this node runs jobs' images with (default: ``$COSCHED_CONTAINER_RUNTIMES``,
+        else those installed); ``containers_conf`` the ``containers.conf`` Podman is run with
+        (``CONTAINERS_CONF``; default ``$COSCHED_CONTAINERS_CONF``, else one the agent writes in
+        its state directory: runtime runc, no default ulimits, cgroupfs); ``container_network``
+        the network a container gets (default ``$COSCHED_CONTAINER_NETWORK``, else ``none``)."""
         self.name = name
         self.backend = backend
         self.transport = transport
@@ -276,6 +288,19 @@ class NodeAgent:
         self.limits = limits
         self.gpu_devices = gpu_devices
         self.gpu_device_dir = gpu_device_dir
+        if container_runtimes is None:
+            container_runtimes = containers.detect_runtimes(
+                os.environ.get("COSCHED_CONTAINER_RUNTIMES")
+            )
+        self.container_runtimes = tuple(container_runtimes)
+        conf = containers_conf or os.environ.get("COSCHED_CONTAINERS_CONF")
+        self._own_containers_conf = not conf
+        self.containers_conf = Path(conf) if conf else self.state_dir / "containers.conf"
+        self.container_network = (
+            container_network or os.environ.get("COSCHED_CONTAINER_NETWORK") or "none"
+        )
+        self._cdi: bool | None = None  # detected at the first container launch
+        self._podman_init: bool | None = None
         # Marks every runner and job of this agent (its state directory, hashed), so a
         # restarted agent finds its own leftovers and nobody else's.
         self.marker = marker_for(self.state_dir)
@@ -532,6 +557,7 @@ class NodeAgent:
             gpus=tuple(device_row(d) for d in devices),
             address=self.address,
             isolation=node_isolation(self.job_users, self.limits, self.gpu_devices),
+            container_runtimes=self.container_runtimes,
         )
 
     def _sync(self, urgent: bool = False) -> SyncReply | None:
@@ -669,18 +695,25 @@ class NodeAgent:
             a.profile = _profile_of(spec)
             self._attach(a)
             env = self._job_env(a)
-            if not spec.command.strip():
-                raise LaunchError("the job has no command (container jobs are not run here yet)")
             workdir = self.work_dir / f"job-{spec.job_id}"
             isolation = self._isolation(spec, env, final)
+            argv = ["/bin/sh", "-c", spec.command]
+            ranks = rank_envs(spec, env, self.name)
+            container = None
+            if spec.container_image.strip():
+                argv, env, container = self._container(spec, a, env, workdir, isolation)
+                ranks = None  # one container per node runs the job
+            elif not spec.command.strip():
+                raise LaunchError("the job has no command")
             a.log_offset = _write_header(log_path, spec, self.name)
             runner_files.write_json(
                 tmp / runner_files.SPEC,
                 {
                     "attempt": spec.to_dict(),
-                    "argv": ["/bin/sh", "-c", spec.command],
+                    "argv": argv,
                     "env": env,
-                    "ranks": rank_envs(spec, env, self.name),
+                    "ranks": ranks,
+                    "container": container,
                     "cwd": str(workdir),
                     "checkpoint_dir": env[CHECKPOINT_DIR_ENV],
                     "time_limit_s": spec.time_limit_s,
@@ -785,6 +818,104 @@ class NodeAgent:
         if devices is not None:
             entry["gpu_devices"] = devices
         return entry
+
+    def _container(
+        self,
+        spec: AttemptSpec,
+        a: _Attempt,
+        env: dict[str, str],
+        workdir: Path,
+        isolation: dict[str, Any],
+    ) -> tuple[list[str], dict[str, str], dict[str, Any]]:
+        """The argv, environment and ``container`` entry of a container attempt's runner
+        (docs/containers.md). Podman runs as the agent's account (root) and starts the image as
+        the job's account (``--user``) with the job's cores, memory and GPUs: ``isolation``
+        then keeps only the account (the runner still makes the job's files its own).
+        Apptainer runs as the job's account under the usual isolation. Raises LaunchError."""
+        runtime = next((r for r in containers.RUNTIMES if r in self.container_runtimes), None)
+        if runtime is None:
+            raise LaunchError(f"node {self.name} has no container runtime (docs/containers.md)")
+        account = self.job_users.account_for(spec.owner)
+        part = spec.part
+        if self._cdi is None:
+            self._cdi = self.backend_name == "nvml" and containers.cdi_gpus()
+        inner = containers.container_env(
+            env,
+            self._base_env(),
+            gpus=len(part.gpu_indices),
+            cdi=self._cdi,
+            workdir=str(workdir),
+            user=account.name,
+        )
+        mps = bool(part.gpu_indices) and spec.mode == SharingMode.MPS.value
+        mounts = [env[CHECKPOINT_DIR_ENV], *([str(self.mps_pipe_dir)] if mps else [])]
+        name = containers.container_name(self.marker, spec.job_id, spec.attempt)
+        host = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+        if not containers.valid_image(spec.container_image):
+            raise LaunchError(f"not an image reference: {spec.container_image!r}")
+        if runtime == containers.APPTAINER:
+            argv = containers.apptainer_exec_argv(
+                spec.container_image,
+                spec.command,
+                workdir=str(workdir),
+                mounts=mounts,
+                nvidia=self.backend_name == "nvml" and bool(part.gpu_indices),
+            )
+            return argv, {**host, **containers.apptainer_env(inner)}, {"runtime": runtime}
+        if self._own_containers_conf:
+            text = containers.containers_conf()
+            with contextlib.suppress(OSError):
+                if self.containers_conf.read_text() == text:
+                    text = ""
+            if text:
+                tmp = self.containers_conf.with_suffix(".tmp")
+                tmp.write_text(text)
+                os.replace(tmp, self.containers_conf)
+        if self._podman_init is None:
+            self._podman_init = containers.has_podman_init()
+        argv = containers.podman_run_argv(
+            spec.container_image,
+            spec.command,
+            inner,
+            name=name,
+            uid=account.uid,
+            gid=account.gid,
+            workdir=str(workdir),
+            mounts=mounts,
+            cpus=part.cpus or None,
+            memory_mb=spec.memory_mb,
+            devices=containers.gpu_devices(part.gpu_indices, mig_uuid=a.mig_uuid, cdi=self._cdi),
+            network=self.container_network,
+            ipc_host=mps,
+            init=self._podman_init,
+        )
+        isolation.pop("limits", None)  # Podman's --cpus / --memory hold the container
+        isolation.pop("gpu_devices", None)  # the container has only its CDI devices
+        isolation["client"] = True  # the runner starts podman itself as its own account
+        control = self._podman_env()
+        return argv, {**control, **inner}, {"runtime": runtime, "name": name, "env": control}
+
+    def _podman_env(self) -> dict[str, str]:
+        """The environment of the agent's and runners' ``podman`` commands."""
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+        env["CONTAINERS_CONF"] = str(self.containers_conf)
+        return env
+
+    def _podman(self, a: _Attempt, action: str) -> bool:
+        """``podman pause|unpause|rm`` of a container attempt's container; False for other
+        attempts or when the command failed (logged)."""
+        if not a.spec.container_image.strip() or containers.PODMAN not in self.container_runtimes:
+            return False
+        name = containers.container_name(self.marker, a.spec.job_id, a.spec.attempt)
+        argv = containers.podman_control_argv(action, name)
+        try:
+            subprocess.run(
+                argv, env=self._podman_env(), capture_output=True, timeout=60, check=True
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("%s: %s failed: %s", self.name, " ".join(argv), exc)
+            return False
+        return True
 
     def _report_target(self, spec: AttemptSpec) -> dict[str, Any] | None:
         """Where the attempt's runner may report its result itself (HTTP only)."""
@@ -918,6 +1049,8 @@ class NodeAgent:
             self._read_job(a)
         if a.job_pid is None:
             return  # still starting: the next round applies it
+        if paused:
+            self._podman(a, "pause")  # the container's processes (the client's stop below)
         alive = False
         for pgid in a.job_pgids or (a.job_pid,):
             try:
@@ -925,6 +1058,8 @@ class NodeAgent:
                 alive = True
             except ProcessLookupError:
                 continue  # this rank has ended
+        if not paused:
+            self._podman(a, "unpause")
         if not alive:
             return  # it has ended; collect will see the result
         a.paused = paused
@@ -979,6 +1114,8 @@ class NodeAgent:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(a.job_pid, signal.SIGKILL)
                 killed = f"; its job's process group {a.job_pid} was killed"
+            if self._podman(a, "rm"):  # a container outlives its client: removed here
+                killed += "; its container, if left, was removed"
             data = {
                 "outcome": "lost",
                 "exit_code": None,
@@ -1583,6 +1720,26 @@ def _parser() -> argparse.ArgumentParser:
         "$COSCHED_CHECKPOINT_ROOT, else <data-dir>/checkpoints); shared storage lets a "
         "preempted job resume on another node",
     )
+    p.add_argument(
+        "--container-runtimes",
+        default=os.environ.get("COSCHED_CONTAINER_RUNTIMES") or None,
+        help="container runtimes this node runs jobs' images with, comma-separated (podman, "
+        "apptainer; 'none': no container jobs here; default $COSCHED_CONTAINER_RUNTIMES, else "
+        "those installed; docs/containers.md)",
+    )
+    p.add_argument(
+        "--containers-conf",
+        default=os.environ.get("COSCHED_CONTAINERS_CONF") or None,
+        help="the containers.conf Podman runs with (CONTAINERS_CONF; default "
+        "$COSCHED_CONTAINERS_CONF, else one the agent writes in its state directory: runtime "
+        "runc, default_ulimits = [], cgroupfs)",
+    )
+    p.add_argument(
+        "--container-network",
+        default=os.environ.get("COSCHED_CONTAINER_NETWORK") or "none",
+        help="the network of a job's container: none (default; $COSCHED_CONTAINER_NETWORK), "
+        "host, or a Podman network's name",
+    )
     return p
 
 
@@ -1675,6 +1832,7 @@ def main(argv: list[str] | None = None) -> int:
         backend = _open_backend(opts)
         job_users, limits = _isolation(opts)
         gpu_devices = gpu_devices_for(backend, opts.backend, opts.gpu_device_dir)
+        runtimes = containers.detect_runtimes(opts.container_runtimes)
     except (UsageError, ValueError) as exc:
         print(f"node agent: {exc}", file=sys.stderr)
         if backend is not None:
@@ -1695,6 +1853,9 @@ def main(argv: list[str] | None = None) -> int:
         limits=limits,
         checkpoint_root=Path(opts.checkpoint_root) if opts.checkpoint_root else None,
         gpu_devices=gpu_devices,
+        container_runtimes=runtimes,
+        containers_conf=Path(opts.containers_conf) if opts.containers_conf else None,
+        container_network=opts.container_network,
     )
     stop = threading.Event()
 
@@ -1719,6 +1880,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"node {opts.name}: {job_users.describe()}; {limits.describe()}; {gpu_devices.describe()}",
+        flush=True,
+    )
+    print(
+        f"node {opts.name}: container runtimes: {', '.join(runtimes) or 'none'}"
+        + (f" (network {agent.container_network})" if runtimes else ""),
         flush=True,
     )
     listener = None

@@ -599,7 +599,11 @@ def probe_hiding() -> str:
 class JobLaunch:
     """What the runner applies when it starts one job: ``spec["isolation"]``, written by the
     agent: ``account`` (``Account.to_dict``; absent: no switch), ``limits``
-    (``Limits.for_job``) and ``gpu_devices`` (``GpuDevices.for_job``; absent: nothing hidden)."""
+    (``Limits.for_job``) and ``gpu_devices`` (``GpuDevices.for_job``; absent: nothing hidden).
+    ``client`` (a Podman container job, docs/containers.md): the process started is the
+    container runtime's client, which stays the runner's account with the runner's environment
+    and umask (the runtime starts the image as ``account`` and limits it itself); the job's files
+    are still made the account's."""
 
     def __init__(self, data: dict | None) -> None:
         data = data or {}
@@ -611,6 +615,7 @@ class JobLaunch:
         devices = data.get("gpu_devices") or {}
         self.mask: str | None = devices.get("mask")
         self.hide: list[list[str]] = [[str(p) for p in paths] for paths in devices.get("hide", ())]
+        self.client = bool(data.get("client"))
 
     def hidden_for(self, process: int) -> list[str]:
         """The device nodes process number ``process`` of the job (in start order) must not
@@ -694,7 +699,7 @@ class JobLaunch:
         (``HOME``: the account's, else the job's working directory ``cwd``)."""
         env = dict(env)
         target = self.target
-        if target is None:
+        if target is None or self.client:
             return env
         for key in list(env):
             if key in SESSION_NAMES or key.startswith(SESSION_PREFIXES):
@@ -717,6 +722,8 @@ class JobLaunch:
             raise
 
     def _preexec(self, process: int) -> None:
+        if self.client:
+            return  # the container runtime applies the account and the limits
         if self.cgroup:
             _write(os.path.join(self.cgroup, "cgroup.procs"), "0")
         limit_mb = self.limits.get("rlimit_as_mb")

@@ -90,6 +90,8 @@ RUN_STATES = ("starting", "running", "paused", "stopping")
 # limits, the GPU device nodes it may open) and how well each is held.
 ISOLATION_ASPECTS = {"accounts": "accounts", "limits": "limits", "gpu_devices": "GPU devices"}
 ISOLATION_LEVELS = ("ok", "weak", "n/a")
+# Container runtimes a node may report (workers.containers.RUNTIMES).
+CONTAINER_RUNTIMES = ("podman", "apptainer")
 OUTCOMES = ("exited", "killed", "stopped", "lease_expired", "launch_failed", "lost", "time_limit")
 #: SIGTERM, then SIGKILL after this many seconds, when the agent stops an attempt that is no
 #: longer desired (preempted, requeued, cancelled) or over its time limit; the portal's
@@ -389,6 +391,8 @@ class AttemptSpec:
     time_limit_s: float | None = None
     process_per_gpu: bool = False
     master_port: int | None = None  # MASTER_PORT of a multi-process attempt (chosen by the portal)
+    # The image the job runs in (docs/containers.md); "" runs ``command`` on the node itself.
+    container_image: str = ""
 
     @property
     def key(self) -> AttemptKey:
@@ -460,6 +464,7 @@ class AttemptSpec:
             time_limit_s=limit,
             process_per_gpu=r.bool("process_per_gpu"),
             master_port=_read_port(r.int("master_port", required=False), path),
+            container_image=r.str("container_image", required=False, limit=300),
         )
 
 
@@ -595,7 +600,8 @@ class NodeInfo:
     ``memory_mb``, ``sm_count``, ``sharing_modes``, ``mig_profiles``). ``isolation``: how the
     node keeps jobs apart, one object per aspect (``what``: ``ISOLATION_ASPECTS``; ``level``:
     ``ISOLATION_LEVELS``; ``text``: the agent's description, ``workers.isolation``); empty from
-    an agent that does not say."""
+    an agent that does not say. ``container_runtimes``: the container runtimes the node runs
+    jobs' images with (``CONTAINER_RUNTIMES``; ``workers.containers``)."""
 
     kind: str
     cores: int
@@ -604,6 +610,7 @@ class NodeInfo:
     gpus: tuple[Mapping[str, Any], ...] = ()
     address: str = ""
     isolation: tuple[Mapping[str, str], ...] = ()
+    container_runtimes: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return message_dict(self)
@@ -627,6 +634,11 @@ class NodeInfo:
                 "text": a.str("text", limit=4000),
             }
 
+        def runtime(value: Any, where: str) -> str:
+            if value not in CONTAINER_RUNTIMES:
+                raise ProtocolError(f"{where}: one of {', '.join(CONTAINER_RUNTIMES)}")
+            return str(value)
+
         return cls(
             kind=r.choice("kind", ("gpu", "cpu")),
             cores=r.int("cores", minimum=1),
@@ -635,6 +647,7 @@ class NodeInfo:
             gpus=tuple(r.list("gpus", gpu)),
             address=r.str("address", required=False),
             isolation=tuple(r.list("isolation", aspect)),
+            container_runtimes=tuple(r.list("container_runtimes", runtime)),
         )
 
 

@@ -30,6 +30,9 @@ Files (JSON, each written atomically: a temporary file renamed into place):
   ``time_limit_s`` and ``time_limit_grace_s`` (optional: the job's time limit, counted in
   running time, and the SIGTERM-to-SIGKILL grace when it is reached), ``checkpoint_dir``
   (optional: created with the working directory; kept across the job's attempts).
+  ``container`` (optional, a Podman container job: ``runtime``, ``name``, ``env``: the
+  container's name and the environment of ``podman`` commands; the container is stopped with
+  ``podman stop`` and removed with ``podman rm`` when the job ends, whatever ended it).
 - ``ATTEMPT_DIR/gpu-mask`` (runner, before the start, when the job's ``isolation`` hides GPU
   devices): the empty mode-0000 file mounted over them (``workers.isolation``).
 - ``ATTEMPT_DIR/runner.json`` (runner, at once): ``pid``, ``start_ticks`` (its start time in
@@ -392,9 +395,32 @@ class Runner:
                 os.read(self._wake_r, 512)
         return self._status()
 
+    def _podman(self, action: str, grace_s: float | None = None) -> None:
+        """``podman stop|rm`` of a Podman container job's container (no-op for other jobs)."""
+        container = self.spec.get("container") or {}
+        if container.get("runtime") != "podman" or not container.get("name"):
+            return
+        from workers.containers import podman_control_argv
+
+        argv = podman_control_argv(action, str(container["name"]), grace_s=grace_s)
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(
+                argv,
+                env=dict(container.get("env") or {}),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=(grace_s or 0) + 60,
+            )
+
     def _stop(self, grace_s: float, pidfds: list[int]) -> int:
         """SIGTERM (and SIGCONT, so a stopped job sees it) to the job's groups, SIGKILL after
-        ``grace_s``; returns the job's status."""
+        ``grace_s``; returns the job's status. A container is stopped by its runtime first
+        (SIGTERM to the job, SIGKILL after the grace)."""
+        if self.spec.get("container"):
+            self._signal_group(signal.SIGCONT)  # a paused job's client, so it sees the end
+            self._podman("unpause")
+            self._podman("stop", grace_s)
+            grace_s = min(grace_s, 5.0)  # the client ends with its container
         self._signal_group(signal.SIGTERM)
         self._signal_group(signal.SIGCONT)
         deadline = time.monotonic() + grace_s
@@ -472,6 +498,7 @@ class Runner:
         # Children that outlived the job's main process go with it (and, with a cgroup, any
         # process of the job that left its process group).
         self._signal_group(signal.SIGKILL)
+        self._podman("rm")  # a container whose client was killed: removed all the same
         self.isolation.cleanup()
         if outcome == "exited":
             detail = f"{describe_status(code)} ({detail})" if detail else describe_status(code)

@@ -662,6 +662,12 @@ class NodeSerializer(serializers.ModelSerializer):
         'reported: [{"what": "accounts" | "limits" | "gpu_devices", "level": "ok" | "weak" | '
         '"n/a", "text"}]',
     )
+    container_runtimes = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text='container runtimes the node runs container jobs with ("podman", '
+        '"apptainer"; docs/containers.md); empty: no container jobs there',
+    )
 
     class Meta:
         model = Node
@@ -680,6 +686,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "agent_version",
             "last_heartbeat",
             "gpus",
+            "container_runtimes",
             "isolation",
         ]
 

@@ -127,6 +127,7 @@ def job_to_domain(job: Job, *, epoch: Any = None) -> JobSpec:
         time_limit_s=None if job.time_limit_s is None else float(job.time_limit_s),
         project=job.project.name if job.project_id is not None and job.project else None,
         oom_with=frozenset(str(t) for t in job.oom_with or ()),
+        container=bool((job.container_image or "").strip()),
     )
 
 
@@ -207,6 +208,7 @@ def node_to_domain(node: Node) -> NodeState:
         memory_mb=float(node.memory_mb),
         up=node.status == Node.Status.UP,
         gpus=tuple(gpu_to_domain(g) for g in sorted(node.gpus.all(), key=lambda g: g.index)),
+        container_runtimes=tuple(node.container_runtimes or ()),
     )
 
 

@@ -202,6 +202,7 @@ def _register(request: SyncRequest) -> None:
         gpus=[dict(g) for g in info.gpus],
         address=info.address,
         isolation=[dict(a) for a in info.isolation],
+        container_runtimes=list(info.container_runtimes),
     )
 
 
@@ -583,6 +584,7 @@ def _spec(
         memory_mb=job.memory_mb or None,
         time_limit_s=attempt_time_limit_s(job, placement.attempt),
         env=training_env(job.pk, placement.attempt),
+        container_image=(job.container_image or "").strip(),
         **common,
     )
 

@@ -206,6 +206,9 @@ class Node(models.Model):
     # The node protocol version its agent spoke at its last sync (0: not synced yet); one older
     # than the portal's is accepted during a rolling upgrade and shown on the cluster page.
     agent_version = models.PositiveSmallIntegerField(default=0)
+    # The container runtimes its agent reported (NodeInfo.container_runtimes: "podman",
+    # "apptainer"); container jobs are placed only on nodes with one (docs/containers.md).
+    container_runtimes = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["name"]

@@ -73,6 +73,7 @@ def node_register(
     gpus: list[dict[str, Any]],
     address: str = "",
     isolation: list[dict[str, str]] | None = None,
+    container_runtimes: list[str] | None = None,
 ) -> Node:
     """Create or update node ``name`` and its GPUs as its agent sees them; status UP.
 
@@ -98,6 +99,7 @@ def node_register(
                 "last_heartbeat": now,
                 "address": address,
                 "isolation": isolation or [],
+                "container_runtimes": container_runtimes or [],
             },
         )
         if not created:
@@ -114,6 +116,7 @@ def node_register(
                 last_heartbeat=now,
                 address=address,
                 isolation=isolation or [],
+                container_runtimes=container_runtimes or [],
             )
         reported = set()
         for device in gpus:

@@ -248,6 +248,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
                 memory_mb=float(node.memory_mb),
                 up=_usable(node, now),
                 gpus=tuple(gpu_states),
+                container_runtimes=tuple(node.container_runtimes or ()),
             )
         )
 

@@ -175,7 +175,62 @@ def job_input_errors(data: Mapping[str, Any]) -> dict[str, list[str]]:
         problem = json_error(params)
         if problem:
             errors.setdefault("params", []).append(problem)
+    image = data.get("container_image")
+    if isinstance(image, str) and image.strip() and "container_image" not in errors:
+        problem = container_image_error(image.strip())
+        if problem:
+            errors.setdefault("container_image", []).append(problem)
     return errors
+
+
+def container_image_error(image: str) -> str:
+    """Why a container image cannot run here (docs/containers.md), or "": not on the image
+    allow-list (``COSCHED_CONTAINER_IMAGES``), or nodes are registered and none has a container
+    runtime (with no node at all, the job waits for the first one, as admission says)."""
+    from django.conf import settings
+
+    from workers.containers import image_allowed, valid_image
+
+    patterns = list(settings.COSCHED.get("CONTAINER_IMAGES") or ())
+    if not valid_image(image):
+        return (
+            "not an image reference: letters, digits and . _ / : @ + - only, starting with a "
+            "letter, a digit or / (such as docker.io/library/python:3.12)"
+        )
+    if not image_allowed(image, patterns):
+        return f"image {image} is not allowed here (allowed: {', '.join(patterns)})"
+    if not container_runtime_available():
+        return NO_RUNTIME_TEXT
+    return ""
+
+
+NO_RUNTIME_TEXT = (
+    "no node here has a container runtime (Podman or Apptainer): give a command to run on "
+    "the nodes instead"
+)
+
+
+def container_runtime_available() -> bool:
+    """Whether container jobs can run: some registered node has a container runtime, or no
+    node is registered yet (jobs then wait for the first)."""
+    from portal.core.models import Node
+
+    runtimes = list(Node.objects.values_list("container_runtimes", flat=True))
+    return not runtimes or any(runtimes)
+
+
+def container_image_help() -> str:
+    """The submit form's help for the image field: the allow-list, or why none can run."""
+    from django.conf import settings
+
+    if not container_runtime_available():
+        return "Not available: " + NO_RUNTIME_TEXT + "."
+    patterns = list(settings.COSCHED.get("CONTAINER_IMAGES") or ())
+    allowed = f" Allowed images: {', '.join(patterns)}." if patterns else ""
+    return (
+        "Optional: the job runs in this image (as you, with only its GPUs, cores and memory, "
+        "its work directory mounted, no network), e.g. nvcr.io/nvidia/pytorch:24.05." + allowed
+    )
 
 
 # -- admission ---------------------------------------------------------------------------------

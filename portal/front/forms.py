@@ -194,6 +194,11 @@ class JobSubmitForm(forms.Form):
             self.fields["project"].initial = default.name
         if not self.is_bound:
             self.initial.setdefault("submit_token", uuid.uuid4().hex)
+        # Said before submit (docs/containers.md): what images may run, and where none can.
+        field = self.fields["container_image"]
+        field.help_text = validation.container_image_help()
+        if not validation.container_runtime_available():
+            field.widget.attrs["disabled"] = "disabled"
 
     def clean_time_limit(self) -> int | None:
         from scheduler.durations import DurationError, parse_duration

@@ -256,6 +256,8 @@ class WorkNode:
         "order",
         "idle_by_sid",
         "size_by_sid",
+        "containers",
+        "barred",
     )
 
     def __init__(self, node: NodeState, order: int) -> None:
@@ -264,13 +266,17 @@ class WorkNode:
         self.cores = node.cores
         self.free_cores = node.free_cores
         self.up = node.up
+        self.containers = bool(node.container_runtimes)  # runs container jobs
+        self.barred = False  # kept from the job being decided (``WorkingView.bar``)
         self.gpus: list[WorkGpu] = []
         self.order = order
         self.idle_by_sid: dict[int, int] = {}  # spec id -> idle GPUs of it on this node
         self.size_by_sid: dict[int, int] = {}  # spec id -> GPUs of it on this node (if up)
 
     def has_cores(self, cpus: int) -> bool:
-        return self.cores <= 0 or self.free_cores >= cpus
+        """Room for ``cpus`` more cores (always, for a node that does not track cores); never
+        while barred."""
+        return not self.barred and (self.cores <= 0 or self.free_cores >= cpus)
 
     def idle_count(self, gpu: WorkGpu) -> int:
         """Idle GPUs on this node of the same spec as ``gpu``."""
@@ -327,6 +333,10 @@ class Candidate:
     def parts(self) -> tuple[Part, ...]:
         """Every node with its GPUs, node rank 0 first (one part unless a gang)."""
         return self.gang if self.gang is not None else ((self.node, self.gpus),)
+
+    def in_containers(self) -> bool:
+        """Whether every node of the placement runs container jobs."""
+        return all(node.containers for node, _ in self.parts)
 
     def idle_left(self) -> int:
         """Idle GPUs of the placement's spec left on its node(s) after placing it."""
@@ -394,6 +404,8 @@ class Reservation:
 # ``FrameworkPolicy.schedule``'s failure cache entry of a job kept off reserved GPUs (its
 # text names the job's own predicted run time, so it is written per job).
 _DELAYS_RESERVATION = "\0delays-reservation"
+# The waiting reason of a container job while no up node has a container runtime.
+NO_CONTAINER_RUNTIME = "no node has a container runtime (docs/containers.md)"
 
 
 def _mode_text(mode: SharingMode, mig_profile: MigProfile | None) -> str:
@@ -678,6 +690,22 @@ class WorkingView:
         return placement
 
     # -- EASY reservations ---------------------------------------------------------------------
+
+    def container_nodes_up(self) -> bool:
+        """Whether some up node runs container jobs (has a container runtime)."""
+        return any(n.up and n.containers for n in self.nodes)
+
+    def bar_without_containers(self) -> list[WorkNode]:
+        """Bar every node without a container runtime (``WorkNode.has_cores`` is then False
+        for it, so no candidate uses it) until ``unbar``; returns those barred now."""
+        barred = [n for n in self.nodes if not n.containers and not n.barred]
+        for node in barred:
+            node.barred = True
+        return barred
+
+    def unbar(self, nodes: Sequence[WorkNode]) -> None:
+        for node in nodes:
+            node.barred = False
 
     def hide(self, gpus: Sequence[WorkGpu]) -> None:
         """Take ``gpus`` (a reservation's) out of the pools: no candidate uses them until
@@ -1030,46 +1058,57 @@ class FrameworkPolicy(Policy):
         held: Reservation | None = None  # this cycle's reservation, once made
         unreservable: set[tuple[Any, ...]] = set()  # shapes that could get none this cycle
         for job in self.sort_queue(state.pending, view, rng):
-            if blocked_by is not None:
-                waiting[job.id] = (
-                    f"waiting behind job {blocked_by.id}, which does not fit yet "
-                    f"(strict queue order, backfill off)"
-                )
+            if job.container and not view.container_nodes_up():
+                waiting[job.id] = NO_CONTAINER_RUNTIME
                 continue
-            shape = self.shape(job)
-            # Behind a reservation: "short" jobs (predicted to end before it starts) see its
-            # idle GPUs, "long" ones do not; "other" jobs cannot use its GPU model anyway.
-            regime = self.reservation_regime(job, held, view) if held is not None else "other"
-            if held is not None and regime == "short":
-                view.show_idle(held.work)
-            chosen, cands, reason = self._decide(job, shape, regime, held, view, rng)
-            if chosen is not None:
-                if chosen.is_gang:
-                    explanation = self.explain_gang(job, chosen, cands, view)
-                else:
-                    explanation = self.explain(job, chosen, cands, view)
-                placement = view.reserve(job, chosen)
-                decisions.append(Decision(placement, self.name, explanation, chosen.score))
-            if held is not None and regime == "short":
-                view.hide(held.work)
-            if chosen is not None:
-                continue
-            if reason == _DELAYS_RESERVATION and held is not None:
-                reason = self.delay_text(job, held, view)
-            if reserving and held is None and job.gpus > 1 and shape not in unreservable:
-                held = self.make_reservation(job, view)
-                if held is None:
-                    unreservable.add(shape)
-                else:
-                    view.hide(held.work)
-                    reason = (
-                        f"holds a reservation of {held.text}; jobs behind it may start on "
-                        f"these GPUs only if predicted to end by then; "
-                        f"{reason or 'no feasible placement'}"
+            # A container job sees only the nodes with a container runtime.
+            barred = view.bar_without_containers() if job.container else []
+            try:
+                if blocked_by is not None:
+                    waiting[job.id] = (
+                        f"waiting behind job {blocked_by.id}, which does not fit yet "
+                        f"(strict queue order, backfill off)"
                     )
-            waiting[job.id] = reason or "no feasible placement"
-            if not backfill:
-                blocked_by = job
+                    continue
+                shape = self.shape(job)
+                # Behind a reservation: "short" jobs (predicted to end before it starts) see its
+                # idle GPUs, "long" ones do not; "other" jobs cannot use its GPU model anyway.
+                regime = self.reservation_regime(job, held, view) if held is not None else "other"
+                if held is not None and regime == "short":
+                    view.show_idle(held.work)
+                chosen, cands, reason = self._decide(job, shape, regime, held, view, rng)
+                if chosen is not None:
+                    if chosen.is_gang:
+                        explanation = self.explain_gang(job, chosen, cands, view)
+                    else:
+                        explanation = self.explain(job, chosen, cands, view)
+                    placement = view.reserve(job, chosen)
+                    decisions.append(Decision(placement, self.name, explanation, chosen.score))
+                if held is not None and regime == "short":
+                    view.hide(held.work)
+                if chosen is not None:
+                    continue
+                if reason == _DELAYS_RESERVATION and held is not None:
+                    reason = self.delay_text(job, held, view)
+                if reserving and held is None and job.gpus > 1 and shape not in unreservable:
+                    held = self.make_reservation(job, view)
+                    if held is None:
+                        unreservable.add(shape)
+                    else:
+                        view.hide(held.work)
+                        reason = (
+                            f"holds a reservation of {held.text}; jobs behind it may start on "
+                            f"these GPUs only if predicted to end by then; "
+                            f"{reason or 'no feasible placement'}"
+                        )
+                reason = reason or "no feasible placement"
+                if job.container:
+                    reason = f"a container job, on nodes with a container runtime: {reason}"
+                waiting[job.id] = reason
+                if not backfill:
+                    blocked_by = job
+            finally:
+                view.unbar(barred)
         return Plan(decisions=tuple(decisions), waiting=waiting)
 
     def _decide(
@@ -1087,7 +1126,11 @@ class FrameworkPolicy(Policy):
         reason = view.failures.get(key)
         cands: list[Candidate] = []
         if reason is None:
-            cands = [c for c in self.candidates(job, view) if self.keep(job, c, view)]
+            cands = [
+                c
+                for c in self.candidates(job, view)
+                if self.keep(job, c, view) and (not job.container or c.in_containers())
+            ]
             if not cands:
                 if regime == "long" and held is not None:
                     # Kept off the reserved GPUs: would it fit on them?
@@ -1241,6 +1284,7 @@ class FrameworkPolicy(Policy):
             else None,
             job.oom_with or None,  # observed pairs: jobs of one shape fit differently
             job.owner,  # MPS GPUs take one owner's jobs: owners fit differently
+            job.container,  # container jobs see only the nodes with a runtime
         )
 
     def feasibility_key(self, job: JobSpec) -> Any:
@@ -1500,7 +1544,7 @@ class FrameworkPolicy(Policy):
         return [
             Candidate(node, (), SharingMode.EXCLUSIVE)
             for node in view.cpu_nodes
-            if node.up and node.free_cores >= job.cpus
+            if node.up and not node.barred and node.free_cores >= job.cpus
         ]
 
     def _multi_gpu_candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:

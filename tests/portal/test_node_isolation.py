@@ -92,7 +92,8 @@ def test_cosched_nodes_lists_the_nodes_and_shows_staff_their_isolation(live_serv
     assert as_staff.code == 0, as_staff.err
     lines = as_staff.out.splitlines()
     assert lines[0].split() == [
-        "NODE", "STATUS", "KIND", "GPUS", "CORES", "MEMORY", "HEARTBEAT", "ISOLATION",
+        "NODE", "STATUS", "KIND", "GPUS", "CORES", "MEMORY", "CONTAINERS", "HEARTBEAT",
+        "ISOLATION",
     ]  # fmt: skip
     iso_row = next(line for line in lines if line.startswith("gpu-iso"))
     assert "1 A30" in iso_row and iso_row.endswith("weak: accounts, limits")

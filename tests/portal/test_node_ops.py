@@ -89,6 +89,7 @@ def test_a_staff_down_survives_the_agents_sync_and_registration():
     class Req:  # the fields _renew reads of a SyncRequest
         seq = 1
         instance = "agent-a"
+        version = 2
 
     from django.utils import timezone
 
