@@ -22,6 +22,9 @@ may use). The *effective throughput* of ``j`` under ``X`` is ``sum_m T[j, m] X[j
   policy bisects on ``rho`` (feasibility LPs, ``ftf_iterations`` at most) and keeps the
   feasible ``X`` of the smallest ``rho`` found, with the same efficiency term.
 
+The allocation is recomputed when the set of active jobs (or the cluster's GPUs) changes, as
+Gavel does on arrivals and completions; rounds in between reuse it.
+
 **Round mechanism** (Gavel §5): each job-model pair gets the priority ``X[j, m] / received[j,
 m]``, ``received`` being the share of the job's time in the system it has run on ``m`` (0 gives
 an infinite priority: pairs that never ran go first). Pairs are taken in decreasing priority
@@ -218,6 +221,9 @@ class _GavelPolicy(PeerPolicy):
         if not isinstance(it, int) or isinstance(it, bool) or not 1 <= it <= 100:
             raise PolicyError(f"{self.name}: ftf_iterations must be an integer 1..100")
         self.last_rho: float | None = None
+        # Gavel recomputes the allocation when the set of active jobs changes (an arrival or a
+        # completion), not every round: the last one, keyed by the jobs and the cluster.
+        self._cache: tuple[tuple[Any, ...], np.ndarray] | None = None
 
     def throughputs(
         self, state: ClusterState, cl: Cluster, jobs: Sequence[JobSpec]
@@ -256,13 +262,17 @@ class _GavelPolicy(PeerPolicy):
         counts = np.array([cl.counts[m] for m in cl.order], dtype=float)
         age = np.array([max(0.0, state.now_s - j.arrival_s) for j in jobs])
         rem = np.array([self.remaining_fraction(j, running.get(j.id)) for j in jobs])
-        if self.objective == "ftf":
+        key = (tuple(j.id for j in jobs), tuple(cl.order), tuple(counts))
+        if self._cache is not None and self._cache[0] == key:
+            X = self._cache[1]
+        elif self.objective == "ftf":
             X, rho = allocation_ftf(
                 T, gpus, counts, age, rem, iterations=int(self.params["ftf_iterations"])
             )
             self.last_rho = rho
         else:
             X = allocation_maxmin(T, gpus, counts)
+        self._cache = (key, X)
         received = np.zeros_like(X)
         col = {m: i for i, m in enumerate(cl.order)}
         for i, j in enumerate(jobs):
