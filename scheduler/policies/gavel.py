@@ -254,6 +254,7 @@ class _GavelPolicy(PeerPolicy):
                 for j in sorted(state.pending, key=lambda j: (j.arrival_s, j.id))
             ]
             return wants, {}
+        jobs.sort(key=lambda j: j.id)  # a stable row order: the allocation cache's key
         T = self.throughputs(state, cl, jobs)
         keep = T.max(axis=1) > 0 if len(jobs) else np.zeros(0, dtype=bool)
         jobs = [j for j, k in zip(jobs, keep, strict=True) if k]
