@@ -62,15 +62,29 @@ def equal_share(gpus: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return counts / max(float(gpus.sum()), total, 1e-12)
 
 
+def job_classes(T: np.ndarray, gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(class of each job, each class's throughput row scaled to a largest entry of 1, each
+    job's scale ``max_m T[j, m]``). Jobs of one class have the same GPU count and throughput
+    rows proportional to each other (to 3 significant digits): the same job type, whatever
+    its length."""
+    scale = T.max(axis=1) if T.size else np.zeros(len(T))
+    safe = np.where(scale > 0, scale, 1.0)
+    shape = np.round(T / safe[:, None], 3)
+    keys = np.concatenate([shape, gpus[:, None]], axis=1)
+    _, first, labels = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+    return labels.reshape(-1), shape[first], scale
+
+
 def _structure(
-    T: np.ndarray, gpus: np.ndarray, counts: np.ndarray
+    T: np.ndarray, weight: np.ndarray, counts: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, Any, np.ndarray]:
-    """(job index, model index of every variable, the capacity rows, their bounds)."""
+    """(row index, model index of every variable, the rows "a row's time <= 1" and "a
+    model's GPUs", their bounds). ``weight``: GPUs one unit of a row's time takes."""
     jj, mm = np.nonzero(T > 0)
     nv = len(jj)
     rows = np.concatenate([jj, len(T) + mm])
     cols = np.concatenate([np.arange(nv), np.arange(nv)])
-    vals = np.concatenate([np.ones(nv), gpus[jj].astype(float)])
+    vals = np.concatenate([np.ones(nv), weight[jj].astype(float)])
     A = coo_matrix((vals, (rows, cols)), shape=(len(T) + len(counts), nv))
     b = np.concatenate([np.ones(len(T)), counts.astype(float)])
     return jj, mm, A, b
@@ -80,35 +94,44 @@ def allocation_maxmin(T: np.ndarray, gpus: np.ndarray, counts: np.ndarray) -> np
     """Max-min fair ``X`` (jobs x models) of normalised effective throughput (module doc).
 
     ``T``: throughput per job and model (0: the job may not use the model); ``gpus``: GPUs per
-    job; ``counts``: GPUs per model."""
+    job; ``counts``: GPUs per model. Normalised throughput does not change when a job's row is
+    scaled, so jobs of one class (``job_classes``) are interchangeable and one LP row per
+    class gives the same optimum (the LP is convex: averaging an optimum over the members of
+    a class is an optimum): the LP grows with the job types, not the jobs."""
     n, M = T.shape
     X = np.zeros((n, M))
     if n == 0 or M == 0:
         return X
-    jj, mm, cap, b = _structure(T, gpus, counts)
+    labels, Tg, _ = job_classes(T, gpus)
+    G = len(Tg)
+    members = np.bincount(labels, minlength=G).astype(float)
+    g_gpus = np.zeros(G)
+    g_gpus[labels] = gpus
+    jj, mm, cap, b = _structure(Tg, members * g_gpus, counts)
     nv = len(jj)
     if nv == 0:
         return X
-    eq = T @ equal_share(gpus, counts)
+    eq = Tg @ equal_share(gpus, counts)
     eq[eq <= 0] = 1.0
-    norm = T[jj, mm] / eq[jj]
-    # variables: x (nv), t; minimise -t - eps sum(norm x)
-    c = np.concatenate([-_EFFICIENCY * norm, [-1.0]])
+    norm = Tg[jj, mm] / eq[jj]
+    # variables: x (nv), t; minimise -t - eps sum(members x norm x)
+    c = np.concatenate([-_EFFICIENCY * norm * members[jj], [-1.0]])
     fair = coo_matrix(
-        (np.concatenate([-norm, np.ones(n)]), (np.concatenate([jj, np.arange(n)]),
-         np.concatenate([np.arange(nv), np.full(n, nv)]))),
-        shape=(n, nv + 1),
+        (np.concatenate([-norm, np.ones(G)]), (np.concatenate([jj, np.arange(G)]),
+         np.concatenate([np.arange(nv), np.full(G, nv)]))),
+        shape=(G, nv + 1),
     )  # fmt: skip
     from scipy.sparse import hstack, vstack  # type: ignore[import-untyped]
 
     A = vstack([fair, hstack([cap, coo_matrix((cap.shape[0], 1))])]).tocsr()
-    ub = np.concatenate([np.zeros(n), b])
+    ub = np.concatenate([np.zeros(G), b])
     bounds = [(0.0, 1.0)] * nv + [(0.0, None)]
     res = linprog(c, A_ub=A, b_ub=ub, bounds=bounds, method="highs")
     if res.status != 0 or res.x is None:
         return X
-    X[jj, mm] = np.clip(res.x[:nv], 0.0, 1.0)
-    return X
+    Xg = np.zeros((G, M))
+    Xg[jj, mm] = np.clip(res.x[:nv], 0.0, 1.0)
+    return Xg[labels]
 
 
 def allocation_ftf(
@@ -118,14 +141,27 @@ def allocation_ftf(
     age_s: np.ndarray,
     remaining: np.ndarray,
     iterations: int = 12,
+    group_above: int = 256,
 ) -> tuple[np.ndarray, float]:
     """(``X``, its largest finish-time-fairness ratio ``rho``) minimising the largest ``rho``
-    (module doc) by bisection on feasibility LPs. ``remaining``: fraction of each job left."""
+    (module doc) by bisection on feasibility LPs. ``remaining``: fraction of each job left.
+
+    With more than ``group_above`` jobs, jobs of one class (``job_classes``) share one row of
+    time shares, sized for the member that needs the most: an approximation (every member
+    gets what the most deprived one needs) that keeps a cycle under a second at 1,000 jobs."""
     n, M = T.shape
     X = np.zeros((n, M))
     if n == 0 or M == 0:
         return X, 0.0
-    jj, mm, cap, b = _structure(T, gpus, counts)
+    if n > group_above:
+        labels, Tg, scale = job_classes(T, gpus)
+    else:
+        labels, Tg, scale = np.arange(n), T, np.ones(n)
+    G = len(Tg)
+    members = np.bincount(labels, minlength=G).astype(float)
+    g_gpus = np.zeros(G)
+    g_gpus[labels] = gpus
+    jj, mm, cap, b = _structure(Tg, members * g_gpus, counts)
     nv = len(jj)
     if nv == 0:
         return X, math.inf
@@ -135,21 +171,26 @@ def allocation_ftf(
     best_rate = T.max(axis=1)
     best_rate[best_rate <= 0] = 1e-12
     lo = float(np.max((age_s + remaining / best_rate) / iso))
-    thr = coo_matrix((-T[jj, mm], (jj, np.arange(nv))), shape=(n, nv))
+    thr = coo_matrix((-Tg[jj, mm], (jj, np.arange(nv))), shape=(G, nv))
     from scipy.sparse import vstack  # type: ignore[import-untyped]
 
     A = vstack([thr, cap]).tocsr()
-    c = -_EFFICIENCY * T[jj, mm] / eq[jj]
+    eq_g = Tg @ equal_share(gpus, counts)
+    eq_g[eq_g <= 0] = 1e-12
+    c = -_EFFICIENCY * Tg[jj, mm] / eq_g[jj] * members[jj]
     bounds = (0.0, 1.0)
+    g_best = Tg.max(axis=1)
 
     def solve(rho: float) -> np.ndarray | None:
         slack = rho * iso - age_s
         if np.any(slack <= 0):
             return None
-        need = remaining / slack
-        if np.any(need > best_rate * (1 + 1e-9)):
+        need = remaining / slack / np.where(scale > 0, scale, 1.0)
+        g_need = np.zeros(G)
+        np.maximum.at(g_need, labels, need)
+        if np.any(g_need > g_best * (1 + 1e-9)):
             return None
-        res = linprog(c, A_ub=A, b_ub=np.concatenate([-need, b]), bounds=bounds, method="highs")
+        res = linprog(c, A_ub=A, b_ub=np.concatenate([-g_need, b]), bounds=bounds, method="highs")
         return res.x if res.status == 0 and res.x is not None else None
 
     hi = max(lo, 1e-9) * 1.25
@@ -170,8 +211,9 @@ def allocation_ftf(
             lo = mid
         else:
             hi, sol = mid, x
-    X[jj, mm] = np.clip(sol, 0.0, 1.0)
-    return X, hi
+    Xg = np.zeros((G, M))
+    Xg[jj, mm] = np.clip(sol, 0.0, 1.0)
+    return Xg[labels], hi
 
 
 def round_assignment(

@@ -85,6 +85,24 @@ def test_ftf_serves_the_job_that_has_waited_longest():
     assert max_rho(X) <= max_rho(allocation_maxmin(T, gpus, counts)) + 1e-9
 
 
+def test_job_classes_group_proportional_rows_of_one_size():
+    from scheduler.policies.gavel import job_classes
+
+    T = np.array([[2.0, 1.0], [4.0, 2.0], [2.0, 1.0], [1.0, 1.0]])
+    labels, rows, scale = job_classes(T, np.array([1.0, 1.0, 2.0, 1.0]))
+    assert labels[0] == labels[1] != labels[2] and labels[3] not in (labels[0], labels[2])
+    assert scale.tolist() == [2.0, 4.0, 2.0, 1.0]
+
+
+def test_grouped_ftf_matches_the_exact_one_on_distinct_jobs():
+    T = np.array([[1 / H, 1 / (3 * H)], [1 / H, 1 / (2 * H)], [1 / (2 * H), 1 / (2 * H)]])
+    gpus, counts = np.ones(3), np.array([1.0, 1.0])
+    age, rem = np.array([5 * H, H, 0.0]), np.array([0.5, 1.0, 1.0])
+    exact, rho = allocation_ftf(T, gpus, counts, age, rem)
+    grouped, rho_g = allocation_ftf(T, gpus, counts, age, rem, group_above=0)
+    assert rho_g == pytest.approx(rho, rel=0.03)  # every class has one member here
+
+
 def test_round_mechanism_prefers_the_pair_furthest_behind_its_share():
     X = np.array([[0.5], [0.5]])
     got = round_assignment(X, np.array([[0.6], [0.4]]), [1, 1], [1], [-1, -1], [0.0, 0.0])
@@ -97,7 +115,7 @@ def test_round_mechanism_prefers_the_pair_furthest_behind_its_share():
 @pytest.mark.parametrize("name", ["gavel_maxmin", "gavel_ftf"])
 def test_policy_places_each_job_on_the_model_the_allocation_gives_it(name):
     fast = pjob("fast", {"V100": H, "K80": 4 * H})
-    flat = pjob("flat", {"V100": H, "K80": 1.2 * H})
+    flat = pjob("flat", {"V100": H, "K80": H})
     st = state(0.0, [gpu_node("k0", "K80", 1), gpu_node("v0", "V100", 1)], [flat, fast])
     plan = build_policy(name).schedule(st, random.Random(0))
     check_plan(st, plan)
@@ -111,7 +129,7 @@ def test_policy_places_each_job_on_the_model_the_allocation_gives_it(name):
 def test_round_moves_a_job_to_its_allocated_model():
     # "fast" runs on the K80 and "flat" waits; the allocation wants fast on the V100.
     fast = pjob("fast", {"V100": H, "K80": 4 * H})
-    flat = pjob("flat", {"V100": H, "K80": 1.2 * H})
+    flat = pjob("flat", {"V100": H, "K80": H})
     k0, rf = running_on(gpu_node("k0", "K80", 1), 0, fast, 0.0)
     st = state(10.0, [k0, gpu_node("v0", "V100", 1)], [flat], [rf])
     plan = build_policy("gavel_maxmin", {"round_s": 0}).schedule(st, random.Random(0))
