@@ -105,6 +105,11 @@ class AlloxPolicy(PeerPolicy):
         gpu_jobs = [j for j in state.pending if j.gpus > 0]
         if not gpu_jobs:
             return wants, {}
+        if not any(cl.idle.values()):
+            # Every GPU is busy and nobody is preempted: nothing to match this call.
+            why = "every GPU is busy (AlloX never preempts): matched when one frees"
+            wants.extend(Want(j, None, why, fill=False) for j in gpu_jobs)
+            return wants, {}
         # Fairness knob: the alpha share of users with the least attained service.
         users: dict[str, list[JobSpec]] = {}
         for j in gpu_jobs:
