@@ -110,7 +110,9 @@ def policy_params(name: str, round_s: float, restart_s: float) -> dict[str, Any]
     return out
 
 
-def run_metrics(result: Any, true_jobs: Sequence[JobSpec], counts: Mapping[str, int]) -> dict[str, Any]:
+def run_metrics(
+    result: Any, true_jobs: Sequence[JobSpec], counts: Mapping[str, int]
+) -> dict[str, Any]:
     """The comparison's figures of one run."""
     from scheduler.ftf import ftf_ratios
     from scheduler.metrics import summarize
@@ -164,7 +166,9 @@ def run_peers(
             config = dataclasses.replace(sc.config, seed=seed, preemption_cost_s=restart_s)
             config, missing = engine_options(config, round_s, pair_noise)
             if missing and notes is not None:
-                text = f"engine has no {', '.join(missing)}: run without (policies' own rounds only)"
+                text = (
+                    f"engine has no {', '.join(missing)}: run without (policies' own rounds only)"
+                )
                 if text not in notes:
                     notes.append(text)
             for name in policies:
@@ -240,7 +244,11 @@ def format_peers(summary: pd.DataFrame) -> str:
                 "max_ftf": [_span(r, "max_ftf", 1, ".2f") for _, r in g.iterrows()],
                 "done": [
                     f"{r['completed_min']}/{r['jobs']}"
-                    + (f" ({r['incomplete_seeds']} seeds INCOMPLETE)" if r["incomplete_seeds"] else "")
+                    + (
+                        f" ({r['incomplete_seeds']} seeds INCOMPLETE)"
+                        if r["incomplete_seeds"]
+                        else ""
+                    )
                     for _, r in g.iterrows()
                 ],
                 "jct_x": g.get("avg_jct_s_vs_best_peer", np.nan).map("{:.2f}".format),
@@ -256,7 +264,7 @@ def format_peers(summary: pd.DataFrame) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m scheduler.reproduce peers",
-        description="Our policies against the peers (tiresias, gavel, allox, themis) in one engine.",
+        description="Our policies against the peers (tiresias, gavel, allox, themis).",
     )
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 10; --quick 3)")
     p.add_argument("--traces", nargs="+", choices=sorted(TRACES), default=None,

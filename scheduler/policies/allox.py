@@ -41,9 +41,7 @@ from scheduler.policies.peer_base import DEFAULT_WORK_S, Cluster, PeerPolicy, Wa
 _INFEASIBLE = 1e18
 
 
-def match_jobs(
-    p: np.ndarray, gpus: np.ndarray, counts: np.ndarray
-) -> list[tuple[int, int, int]]:
+def match_jobs(p: np.ndarray, gpus: np.ndarray, counts: np.ndarray) -> list[tuple[int, int, int]]:
     """(job, model, position from the end) per job that got a slot, minimising the total
     completion time. ``p``: run time per job and model (inf: the job may not use it)."""
     n, M = p.shape
@@ -93,7 +91,9 @@ class AlloxPolicy(PeerPolicy):
         fallback = max((t for t in known.values() if t), default=DEFAULT_WORK_S)
         return np.array(
             [
-                (known[m] or fallback) * self.remaining_fraction(job, None) if m in usable else math.inf
+                (known[m] or fallback) * self.remaining_fraction(job, None)
+                if m in usable
+                else math.inf
                 for m in cl.order
             ]
         )
@@ -101,7 +101,9 @@ class AlloxPolicy(PeerPolicy):
     def wants(
         self, state: ClusterState, cl: Cluster, decision_point: bool
     ) -> tuple[list[Want], dict[str, str]]:
-        wants = [Want(r.job, None, "running (never preempted)", r, keep=True) for r in state.running]
+        wants = [
+            Want(r.job, None, "running (never preempted)", r, keep=True) for r in state.running
+        ]
         gpu_jobs = [j for j in state.pending if j.gpus > 0]
         if not gpu_jobs:
             return wants, {}
@@ -120,9 +122,7 @@ class AlloxPolicy(PeerPolicy):
             served[u] = served.get(u, 0.0) + self.attained.get(r.job.id, 0.0)
         for u, js in users.items():
             served[u] = served.get(u, 0.0) + sum(self.attained.get(j.id, 0.0) for j in js)
-        ranked = sorted(
-            users, key=lambda u: (served[u], min(j.arrival_s for j in users[u]), u)
-        )
+        ranked = sorted(users, key=lambda u: (served[u], min(j.arrival_s for j in users[u]), u))
         take = max(1, math.ceil(float(self.params["alpha"]) * len(ranked)))
         chosen_users = set(ranked[:take])
         pool = sorted(

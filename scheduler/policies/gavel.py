@@ -47,7 +47,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 from scipy.optimize import linprog  # type: ignore[import-untyped]
-from scipy.sparse import coo_matrix  # type: ignore[import-untyped]
+from scipy.sparse import coo_matrix, hstack, vstack  # type: ignore[import-untyped]
 
 from scheduler.domain import ClusterState, JobSpec
 from scheduler.policies.base import PolicyError
@@ -121,8 +121,6 @@ def allocation_maxmin(T: np.ndarray, gpus: np.ndarray, counts: np.ndarray) -> np
          np.concatenate([np.arange(nv), np.full(G, nv)]))),
         shape=(G, nv + 1),
     )  # fmt: skip
-    from scipy.sparse import hstack, vstack  # type: ignore[import-untyped]
-
     A = vstack([fair, hstack([cap, coo_matrix((cap.shape[0], 1))])]).tocsr()
     ub = np.concatenate([np.zeros(G), b])
     bounds = [(0.0, 1.0)] * nv + [(0.0, None)]
@@ -172,8 +170,6 @@ def allocation_ftf(
     best_rate[best_rate <= 0] = 1e-12
     lo = float(np.max((age_s + remaining / best_rate) / iso))
     thr = coo_matrix((-Tg[jj, mm], (jj, np.arange(nv))), shape=(G, nv))
-    from scipy.sparse import vstack  # type: ignore[import-untyped]
-
     A = vstack([thr, cap]).tocsr()
     eq_g = Tg @ equal_share(gpus, counts)
     eq_g[eq_g <= 0] = 1e-12
@@ -267,9 +263,7 @@ class _GavelPolicy(PeerPolicy):
         # completion), not every round: the last one, keyed by the jobs and the cluster.
         self._cache: tuple[tuple[Any, ...], np.ndarray] | None = None
 
-    def throughputs(
-        self, state: ClusterState, cl: Cluster, jobs: Sequence[JobSpec]
-    ) -> np.ndarray:
+    def throughputs(self, state: ClusterState, cl: Cluster, jobs: Sequence[JobSpec]) -> np.ndarray:
         T = np.zeros((len(jobs), len(cl.order)))
         col = {m: i for i, m in enumerate(cl.order)}
         for i, job in enumerate(jobs):
@@ -291,11 +285,11 @@ class _GavelPolicy(PeerPolicy):
         jobs += [j for j in state.pending if j.gpus > 0]
         if not decision_point:
             # Between rounds: waiting jobs fill idle GPUs, oldest first.
-            wants = [
+            between = [
                 Want(j, None, "waits for the next round (between rounds only idle GPUs fill)")
                 for j in sorted(state.pending, key=lambda j: (j.arrival_s, j.id))
             ]
-            return wants, {}
+            return between, {}
         jobs.sort(key=lambda j: j.id)  # a stable row order: the allocation cache's key
         T = self.throughputs(state, cl, jobs)
         keep = T.max(axis=1) > 0 if len(jobs) else np.zeros(0, dtype=bool)
@@ -321,12 +315,14 @@ class _GavelPolicy(PeerPolicy):
         for i, j in enumerate(jobs):
             per = self.model_s.get(j.id)
             if per and age[i] > 0:
-                for m, s in per.items():
-                    if m in col:
-                        received[i, col[m]] = min(1.0, s / max(age[i], self.round_s, 1.0))
+                for model, secs in per.items():
+                    if model in col:
+                        received[i, col[model]] = min(1.0, secs / max(age[i], self.round_s, 1.0))
         current = [col.get(cl.model_of.get(j.id, ""), -1) for j in jobs]
         ties = [j.arrival_s for j in jobs]
-        grant = round_assignment(X, received, [int(g) for g in gpus], counts.astype(int), current, ties)
+        grant = round_assignment(
+            X, received, [int(g) for g in gpus], [int(c) for c in counts], current, ties
+        )
         wants: list[Want] = []
         granted: set[int] = set()
         for i, m, prio in grant:
@@ -344,7 +340,9 @@ class _GavelPolicy(PeerPolicy):
         )
         for i in rest:
             j = jobs[i]
-            share = ", ".join(f"{cl.order[m]} {X[i, m]:.2f}" for m in range(X.shape[1]) if X[i, m] > 1e-3)
+            share = ", ".join(
+                f"{cl.order[m]} {X[i, m]:.2f}" for m in range(X.shape[1]) if X[i, m] > 1e-3
+            )
             why = (
                 f"no round grant this round (allocation {share or 'none'}; pairs of higher "
                 f"priority took the GPUs)"

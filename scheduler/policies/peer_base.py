@@ -113,10 +113,10 @@ def cluster_of(state: ClusterState) -> Cluster:
         pl = r.placement
         if not pl.gpu_indices:
             continue
-        g = where.get((pl.node, pl.gpu_indices[0]))
-        if g is None:
+        first = where.get((pl.node, pl.gpu_indices[0]))
+        if first is None:
             continue
-        model_of[r.job.id] = g.spec.model
+        model_of[r.job.id] = first.spec.model
         if pl.mode == SharingMode.EXCLUSIVE and all(
             (k in where and where[k].job_ids == (r.job.id,)) for k in pl.gpu_keys
         ):
@@ -361,7 +361,8 @@ class PeerPolicy(FrameworkPolicy):
             for d in inner.decisions
         )
         waiting = {
-            jid: self._prefix(why, jid, text, left_out.get(jid)) for jid, text in inner.waiting.items()
+            jid: self._prefix(why, jid, text, left_out.get(jid))
+            for jid, text in inner.waiting.items()
         }
         if held_back:
             view = self._view

@@ -98,11 +98,16 @@ class ThemisPolicy(PeerPolicy):
 
         if not decision_point:
             waiting = sorted(((j, None) for j in state.pending), key=lambda x: worst_first(x))
-            return [Want(j, None, f"{rho_text(j)}; waits for the next lease end") for j, _ in waiting], {}
+            return [
+                Want(j, None, f"{rho_text(j)}; waits for the next lease end") for j, _ in waiting
+            ], {}
         wants: list[Want] = []
         contenders: list[tuple[JobSpec, RunningJob | None]] = []
         for job, r in present:
-            if r is not None and now - self.run_since.get(job.id, r.started_s) < self.round_s - 1e-9:
+            if (
+                r is not None
+                and now - self.run_since.get(job.id, r.started_s) < self.round_s - 1e-9
+            ):
                 wants.append(Want(job, None, f"{rho_text(job)}; lease runs", r, keep=True))
             else:
                 contenders.append((job, r))

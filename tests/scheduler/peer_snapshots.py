@@ -33,8 +33,12 @@ def running_on(node: NodeState, index: int, job: JobSpec, started: float, progre
                ) -> tuple[NodeState, RunningJob]:  # fmt: skip
     """``node`` with ``job`` exclusive on GPU ``index``, and its RunningJob."""
     gpus = tuple(
-        replace(g, mode=SharingMode.EXCLUSIVE, job_ids=(job.id,),
-                committed_memory_mb=job.memory_need_mb())  # fmt: skip
+        replace(
+            g,
+            mode=SharingMode.EXCLUSIVE,
+            job_ids=(job.id,),
+            committed_memory_mb=job.memory_need_mb(),
+        )  # fmt: skip
         if g.index == index
         else g
         for g in node.gpus

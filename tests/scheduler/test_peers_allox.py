@@ -30,7 +30,7 @@ def _total_completion(p, sequences):
 
 def _sequences_from_matching(p, matched, machines):
     seqs = [[] for _ in range(machines)]
-    for j, m, k in sorted(matched, key=lambda x: (-x[2], p[x[0]][x[1]])):
+    for j, m, _k in sorted(matched, key=lambda x: (-x[2], p[x[0]][x[1]])):
         seqs[m].append(j)
     return seqs
 
