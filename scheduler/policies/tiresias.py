@@ -5,8 +5,9 @@ knowledge estimate); it orders jobs by the service they have *attained*, in GPU-
 held x seconds run: the "two dimensions"), which ``PeerPolicy.account`` integrates from the
 snapshots.
 
-- **Queues.** ``thresholds_gpu_s`` (default 3,600 and 36,000 GPU-seconds: one and ten GPU-hours)
-  cut attained service into queues Q0 (below the first) .. QK. A job starts in Q0 and is
+- **Queues.** ``queues`` (3) queues with thresholds ``queue_threshold_gpu_s`` (3,600
+  GPU-seconds: one GPU-hour), then 10x each (36,000, ...), cut attained service into queues Q0
+  (below the first threshold) .. Q(queues - 1). A job starts in Q0 and is
   demoted when its attained service crosses the next threshold. Lower queues run first; within
   a queue, first come first served (arrival, then id; a running job goes before a waiting one
   of the same arrival, so equal jobs do not swap).
@@ -36,21 +37,23 @@ class TiresiasPolicy(PeerPolicy):
     name: ClassVar[str] = "tiresias"
     defaults: ClassVar[dict[str, Any]] = {
         **peer_defaults,
-        "thresholds_gpu_s": (3600.0, 36000.0),
+        "queue_threshold_gpu_s": 3600.0,
+        "queues": 3,
         "promote_knob": 8.0,
     }
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        th = self.params["thresholds_gpu_s"]
-        try:
-            self.thresholds = tuple(float(t) for t in th)
-        except (TypeError, ValueError):
-            raise PolicyError("tiresias: thresholds_gpu_s must be a list of numbers") from None
-        if any(b <= a for a, b in zip(self.thresholds, self.thresholds[1:], strict=False)) or any(
-            not 0 < t < math.inf for t in self.thresholds
+        first, queues = self.params["queue_threshold_gpu_s"], self.params["queues"]
+        if (
+            not isinstance(first, int | float)
+            or isinstance(first, bool)
+            or not 0 < first < math.inf
         ):
-            raise PolicyError("tiresias: thresholds_gpu_s must be positive and increasing")
+            raise PolicyError(f"tiresias: queue_threshold_gpu_s must be > 0, got {first!r}")
+        if not isinstance(queues, int) or isinstance(queues, bool) or not 1 <= queues <= 20:
+            raise PolicyError(f"tiresias: queues must be an integer 1..20, got {queues!r}")
+        self.thresholds = tuple(float(first) * 10.0**k for k in range(queues - 1))
         knob = self.params["promote_knob"]
         if not isinstance(knob, int | float) or isinstance(knob, bool) or knob < 0:
             raise PolicyError(f"tiresias: promote_knob must be a number >= 0, got {knob!r}")

@@ -23,7 +23,7 @@ def _one_gpu_with_a_runner(now: float, runner_started: float = 0.0):
 
 
 def test_a_job_is_demoted_past_its_threshold_and_preempted():
-    policy = build_policy("tiresias", {"thresholds_gpu_s": [100.0], "round_s": 0})
+    policy = build_policy("tiresias", {"queue_threshold_gpu_s": 100.0, "queues": 2, "round_s": 0})
     early = _one_gpu_with_a_runner(50.0)
     plan = policy.schedule(early, random.Random(0))
     check_plan(early, plan)
@@ -38,7 +38,7 @@ def test_a_job_is_demoted_past_its_threshold_and_preempted():
 
 
 def test_attained_service_counts_gpus_times_seconds():
-    policy = build_policy("tiresias", {"thresholds_gpu_s": [300.0], "round_s": 0})
+    policy = build_policy("tiresias", {"queue_threshold_gpu_s": 300.0, "queues": 2, "round_s": 0})
     big = pjob("big", {"V100": H}, gpus=4)
     node = gpu_node("v0", "V100", 4)
     for i in range(4):
@@ -51,6 +51,12 @@ def test_attained_service_counts_gpus_times_seconds():
     plan = policy.schedule(st, random.Random(0))
     assert policy.queue_of(policy.service("big")) == 1
     assert [a.job_id for a in plan.actions] == ["big"]
+
+
+def test_queues_grow_tenfold():
+    policy = build_policy("tiresias", {"queue_threshold_gpu_s": 10.0, "queues": 4})
+    assert policy.thresholds == (10.0, 100.0, 1000.0)
+    assert [policy.queue_of(s) for s in (0, 9.9, 10, 99, 100, 5000)] == [0, 0, 1, 1, 2, 3]
 
 
 def test_never_reads_job_lengths():
@@ -67,7 +73,7 @@ def test_never_reads_job_lengths():
 
 def test_promote_knob_brings_a_starved_job_back_to_the_first_queue():
     policy = build_policy(
-        "tiresias", {"thresholds_gpu_s": [100.0], "promote_knob": 2.0, "round_s": 0}
+        "tiresias", {"queue_threshold_gpu_s": 100.0, "queues": 2, "promote_knob": 2.0, "round_s": 0}
     )
     # c ran for 500 s (Q1), was preempted at t=500 and waits; d runs in Q1 as well but came
     # later, and e (Q0) waits too.
@@ -85,7 +91,7 @@ def test_promote_knob_brings_a_starved_job_back_to_the_first_queue():
     assert policy.base.get("c") is None and policy.queue_of(policy.service("c")) == 1
     # At 1600 s c has waited 1100 s >= 2 x 500 s: promoted, its count restarts.
     policy2 = build_policy(
-        "tiresias", {"thresholds_gpu_s": [100.0], "promote_knob": 2.0, "round_s": 0}
+        "tiresias", {"queue_threshold_gpu_s": 100.0, "queues": 2, "promote_knob": 2.0, "round_s": 0}
     )
     policy2.attained.update({"c": 500.0, "d": 0.0})
     policy2.last_run_s["c"] = 500.0
@@ -99,7 +105,9 @@ def test_promote_knob_brings_a_starved_job_back_to_the_first_queue():
 
 
 def test_no_preemption_between_decision_points():
-    policy = build_policy("tiresias", {"thresholds_gpu_s": [100.0], "round_s": 360.0})
+    policy = build_policy(
+        "tiresias", {"queue_threshold_gpu_s": 100.0, "queues": 2, "round_s": 360.0}
+    )
     policy.schedule(_one_gpu_with_a_runner(0.0), random.Random(0))  # a decision point at 0
     plan = policy.schedule(_one_gpu_with_a_runner(150.0), random.Random(0))
     assert plan.actions == ()  # a is in Q1 but the next round is at 360 s
@@ -109,7 +117,8 @@ def test_no_preemption_between_decision_points():
 
 
 @pytest.mark.parametrize(
-    "params", [{"thresholds_gpu_s": [10.0, 5.0]}, {"promote_knob": -1}, {"round_s": -1}]
+    "params",
+    [{"queue_threshold_gpu_s": 0}, {"queues": 0}, {"promote_knob": -1}, {"round_s": -1}],
 )
 def test_bad_parameters_are_refused(params):
     with pytest.raises(PolicyError):
