@@ -24,6 +24,8 @@ users (``JobSpec.owner``; a job without one is its own user) with the least atta
 ``max_jobs`` (400) bounds the matching to the longest-waiting jobs of those users (the
 others wait for a later call), so one call stays well under a second at scale.
 ``positions`` are ``ceil(jobs / GPUs) + 1`` per GPU (enough slots for every job).
+``round_s`` (0 here): every call matches (AlloX re-solves on arrivals and completions and
+never preempts, so it needs no rounds).
 """
 
 from __future__ import annotations
