@@ -15,7 +15,7 @@ from tests.scheduler.snapshots import GB, check_plan, gpu_node
 PEERS = ["tiresias", "gavel_maxmin", "gavel_ftf", "allox", "themis"]
 MODELS = ("V100", "P100", "K80")
 #: Generous against a loaded CI machine; on an idle core each takes 0.1-0.5 s.
-BUDGET_S = 2.0
+BUDGET_S = 3.0
 
 
 def _job(rng: random.Random, i: int, arrival: float, gpus: int = 1) -> JobSpec:
