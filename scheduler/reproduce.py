@@ -6,6 +6,8 @@
     python -m scheduler.reproduce elastic002_cluster [--seeds 5] [--out DIR]    (docs/elastic.md)
     python -m scheduler.reproduce slowdown000 [--out DIR]
     python -m scheduler.reproduce reserve [--out DIR]    (docs/policies.md, "Reservations")
+    python -m scheduler.reproduce peers [--seeds N] [--traces ...] [--quick] [--out FILE.csv]
+        (docs/policies.md, "Peers"; ``scheduler.peers`` has the options)
 
 **sharing001** (paper 001, ALGORITHMS §4): the scenario's 180 apps under ``sharing_mode``,
 ``sharing_random`` and ``byscale``, once per seed 0..N-1. A seed shuffles the order the apps
@@ -299,6 +301,11 @@ def _progress(enabled: bool) -> Callable[[str], None] | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["peers"]:
+        from scheduler.peers import main as peers_main
+
+        return peers_main(args_list[1:])
     parser = argparse.ArgumentParser(
         prog="python -m scheduler.reproduce", description=__doc__.splitlines()[0]
     )
@@ -311,6 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "elastic002",
             "elastic002_cluster",
             "reserve",
+            "peers",
         ],
     )
     parser.add_argument(
@@ -324,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--out", help="directory for runs.csv and summary.csv")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
     if args.seeds is not None and args.seeds < 1:
         parser.error("--seeds must be >= 1")
     say = _progress(not args.quiet and sys.stderr.isatty())

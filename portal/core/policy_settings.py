@@ -217,6 +217,61 @@ _KNOWN: dict[str, ParamSpec] = {
             0,
             10_000_000,
         ),
+        # the peers (scheduler/policies/peer_base.py and the five peers; docs/policies.md)
+        ParamSpec(
+            "round_s",
+            FLOAT,
+            "peers: seconds between decision points (preemptions, moves; Gavel's round, "
+            "Themis' lease); 0: every call",
+            0,
+            1e7,
+        ),
+        ParamSpec(
+            "queue_threshold_gpu_s",
+            FLOAT,
+            "tiresias: attained GPU-seconds that end the first queue (each next one is 10x)",
+            1e-3,
+            1e9,
+        ),
+        ParamSpec("queues", INT, "tiresias: number of priority queues of attained service", 1, 20),
+        ParamSpec(
+            "promote_knob",
+            FLOAT,
+            "tiresias: a job waiting this many times its last run goes back to the first "
+            "queue (0: off)",
+            0,
+            1e6,
+        ),
+        ParamSpec(
+            "ftf_iterations",
+            INT,
+            "gavel: bisection steps of the finish-time-fairness LP",
+            1,
+            100,
+        ),
+        ParamSpec(
+            "alpha",
+            FLOAT,
+            "allox: fairness knob, the share of users (least served first) whose jobs enter "
+            "the matching (1: all)",
+            1e-3,
+            1,
+        ),
+        ParamSpec(
+            "max_jobs",
+            INT,
+            "allox: most waiting jobs (longest waiting first) matched per call",
+            1,
+            1_000_000,
+        ),
+        ParamSpec(
+            "f",
+            FLOAT,
+            "themis: fairness knob; the 1 - f share of jobs with the worst finish-time "
+            "fairness bid for freed GPUs",
+            0,
+            0.99,
+        ),
         # slowdown_dr (paper 000, Algorithm 1; docs/slowdown.md)
         ParamSpec(
             "sd_threshold",

@@ -40,6 +40,12 @@ POLICIES: dict[str, str] = {
     "hetero_srtf": "scheduler.policies.hetero_srtf:HeteroSrtfPolicy",
     "slowdown_dr": "scheduler.policies.slowdown_dr:SlowdownDrPolicy",
     "quota": "scheduler.policies.quota:QuotaPolicy",
+    # Peers (docs/policies.md, "Peers"): published schedulers written from their papers.
+    "tiresias": "scheduler.policies.tiresias:TiresiasPolicy",
+    "gavel_maxmin": "scheduler.policies.gavel:GavelMaxMinPolicy",
+    "gavel_ftf": "scheduler.policies.gavel:GavelFtfPolicy",
+    "allox": "scheduler.policies.allox:AlloxPolicy",
+    "themis": "scheduler.policies.themis:ThemisPolicy",
 }
 
 #: ``<name>+exec_plan`` works for any registered placement policy ``name`` (the execution plan

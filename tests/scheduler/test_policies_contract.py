@@ -253,7 +253,10 @@ def test_impossible_jobs_wait_with_numbers(name):
     plan = build_policy(name, {"backfill": True}).schedule(_mixed(), random.Random(0))
     assert "big" in plan.waiting and "40.0 GB" in plan.waiting["big"]
     assert "cpu2" in plan.waiting and "8 free cores" in plan.waiting["cpu2"]
-    assert "m4" in plan.waiting
+    # m4 fits no up node; it may still run as a gang over v0 + v1 (5 V100) when a policy puts
+    # it before the single-GPU jobs (the peers order by their own priorities).
+    gang_m4 = [d for d in plan.decisions if d.placement.job_id == "m4"]
+    assert "m4" in plan.waiting or (gang_m4 and gang_m4[0].placement.is_gang)
 
 
 @pytest.mark.parametrize("name", POLICIES)
