@@ -45,6 +45,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "portal.api.limits.ApiBodyLimitMiddleware",
+    # A NUL character in a query parameter is a 400 naming it (portal.core.request_guards).
+    "portal.core.request_guards.QueryTextMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -52,6 +54,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # A request whose database connection died: retried once (GET) or a 503 with Retry-After.
+    "portal.core.request_guards.LostDatabaseMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]

@@ -18,11 +18,12 @@ from drf_spectacular.utils import (
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.exceptions import ParseError, PermissionDenied, ValidationError
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from portal.api.limits import BoundedJSONParser
 from portal.api.pagination import StandardPagination
 from portal.api.permissions import IsStaffOrReadOnly
 from portal.api.serializers import (
@@ -389,7 +390,7 @@ class ProfileViewSet(viewsets.ModelViewSet):
         methods=["post"],
         url_path="import",
         permission_classes=[IsAdminUser],
-        parser_classes=[MultiPartParser, FormParser, JSONParser],
+        parser_classes=[MultiPartParser, FormParser, BoundedJSONParser],
     )
     def import_profiles(self, request: Request) -> Response:
         try:

@@ -41,6 +41,7 @@ from portal.core.validation import (
     text_error,
 )
 from scheduler.catalog import UnknownGpuModel, canonical_model, gpu_spec
+from workers.protocol import loads_bounded
 
 FORMATS = ("csv", "json", "nvprof", "ncu")
 
@@ -165,9 +166,11 @@ def _clean_field(name: str, raw: Any) -> Any:
     if isinstance(model_field, models.JSONField):
         if isinstance(raw, str):
             try:
-                raw = json.loads(raw)
+                raw = loads_bounded(raw, MAX_FILE_DEPTH)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"not valid JSON: {exc.msg}") from None
+            except ValueError as exc:  # too deep, NaN
+                raise ValueError(f"not valid JSON: {exc}") from None
         if not isinstance(raw, dict):
             raise ValueError("must be a JSON object")
         problem = json_error(raw)
