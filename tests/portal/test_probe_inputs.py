@@ -166,7 +166,10 @@ def test_the_agent_endpoints_answer_deep_json_with_a_json_400(world, url, body):
 @pytest.mark.parametrize("body", [DEEP, DEEP_OBJECT])
 def test_the_training_endpoints_answer_deep_json_with_a_400(world, url, body):
     response = Client().post(
-        url, body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {world['job_token']}"
+        url,
+        body,
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {world['job_token']}",
     )
     assert response.status_code == 400, response.content
     assert "nested" in json.dumps(response.json())
