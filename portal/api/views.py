@@ -41,7 +41,7 @@ from portal.api.serializers import (
     ProfileSerializer,
 )
 from portal.core import selectors, services
-from portal.core.importers import ProfileImportError
+from portal.core.importers import ProfileImportConflict, ProfileImportError
 from portal.core.models import ApplicationProfile, Job
 from portal.core.states import IllegalTransition
 from portal.teams.selectors import can_control_job
@@ -383,6 +383,10 @@ class ProfileViewSet(viewsets.ModelViewSet):
         responses={
             201: ImportResultSerializer,
             400: OpenApiResponse(ImportErrorSerializer, description="row-level errors"),
+            409: OpenApiResponse(
+                ImportErrorSerializer,
+                description="another import stored the same profile meanwhile: nothing imported",
+            ),
         },
     )
     @action(
@@ -441,12 +445,15 @@ class ProfileViewSet(viewsets.ModelViewSet):
                 options=options,
             )
         except ProfileImportError as exc:
+            conflict = isinstance(exc, ProfileImportConflict)
             return Response(
                 {
-                    "detail": f"nothing imported: {len(exc.errors)} error(s) in the file",
+                    "detail": f"nothing imported: {len(exc.errors)} error(s) in the file"
+                    if not conflict
+                    else "nothing imported: another import stored the same profile meanwhile",
                     "errors": [e.as_dict() for e in exc.errors],
                 },
-                status=status.HTTP_400_BAD_REQUEST,
+                status=status.HTTP_409_CONFLICT if conflict else status.HTTP_400_BAD_REQUEST,
             )
         profiles = selectors.profiles_visible_to(request.user).filter(
             pk__in=[p.pk for p in result.profiles]
