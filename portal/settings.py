@@ -155,11 +155,15 @@ REST_FRAMEWORK = {
     ],
     "EXCEPTION_HANDLER": "portal.api.limits.exception_handler",
     # Per user (a session or any of its tokens) and per token; anonymous callers per address.
+    # Atomic counters (portal.api.throttles): the limits hold under concurrent clients.
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
-        "rest_framework.throttling.UserRateThrottle",
+        "portal.api.throttles.AnonThrottle",
+        "portal.api.throttles.UserThrottle",
         "portal.api.throttles.TokenRateThrottle",
     ],
+    # X-Forwarded-For counts for the anonymous limit's client address only behind this many
+    # trusted proxies (0: ignored, so no client can choose its own identity per request).
+    "NUM_PROXIES": envint("COSCHED_TRUSTED_PROXIES", 0),
     "DEFAULT_THROTTLE_RATES": {
         "anon": envstr("COSCHED_THROTTLE_ANON", "60/min"),
         "user": envstr("COSCHED_THROTTLE_USER", "2400/min"),

@@ -15,8 +15,8 @@ from typing import Any
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
-from rest_framework.throttling import SimpleRateThrottle
 
+from portal.api.throttles import AtomicRateThrottle
 from portal.core.models import Placement
 from portal.core.training import ReportError, TokenError, job_token_placement, training_report
 from workers.protocol import JsonTooDeep, loads_bounded
@@ -31,7 +31,7 @@ def _error(status: int, message: str) -> JsonResponse:
     return response
 
 
-class JobAttemptThrottle(SimpleRateThrottle):
+class JobAttemptThrottle(AtomicRateThrottle):
     """``DEFAULT_THROTTLE_RATES["job"]`` per running attempt: a job (or a runaway loop in it)
     cannot flood the portal through the training endpoints; DRF's throttle machinery on the
     shared cache, used from these plain views."""
