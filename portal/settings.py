@@ -185,6 +185,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Every status each operation answers, NUL-free text, JSON bodies (portal.api.schema).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.api.schema.document_every_status",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "JobKindEnum": "portal.core.models.JOB_KINDS",
         "NodeKindEnum": "portal.core.models.Node.Kind",

@@ -42,8 +42,8 @@ from portal.api.serializers import (
 )
 from portal.core import selectors, services
 from portal.core.importers import ProfileImportConflict, ProfileImportError
-from portal.core.models import ApplicationProfile, Job
-from portal.core.states import IllegalTransition
+from portal.core.models import JOB_KINDS, ApplicationProfile, Job
+from portal.core.states import IllegalTransition, JobState
 from portal.teams.selectors import can_control_job
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -54,6 +54,10 @@ MAX_KEY_LENGTH = 200
 def _query_errors(exc: DjangoValidationError) -> ValidationError:
     return ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
 
+
+_STATE = f"({'|'.join(s.value for s in JobState)})"
+#: What the ``state`` filter takes: known states, comma-separated (any case is read too).
+STATE_LIST_PATTERN = f"^{_STATE}(,{_STATE})*$"
 
 idempotency_parameter = OpenApiParameter(
     name=IDEMPOTENCY_HEADER,
@@ -74,9 +78,11 @@ idempotency_parameter = OpenApiParameter(
         summary="List jobs (your own; staff: all)",
         parameters=[
             OpenApiParameter(
-                "state", str, description="state(s), comma-separated, e.g. PENDING,RUNNING"
+                "state",
+                {"type": "string", "pattern": STATE_LIST_PATTERN},
+                description="state(s), comma-separated, e.g. PENDING,RUNNING",
             ),
-            OpenApiParameter("kind", str, description="dl-train, dl-infer, hpc or other"),
+            OpenApiParameter("kind", str, enum=[k for k, _ in JOB_KINDS]),
             OpenApiParameter("search", str, description="substring of the job name"),
         ],
     ),
@@ -317,8 +323,13 @@ class JobViewSet(
     list=extend_schema(
         summary="List profiles (approved ones; staff: all)",
         parameters=[
-            OpenApiParameter("status", str, description="staff: draft, approved or retired"),
-            OpenApiParameter("kind", str),
+            OpenApiParameter(
+                "status",
+                str,
+                enum=list(ApplicationProfile.Status.values),
+                description="staff: draft, approved or retired",
+            ),
+            OpenApiParameter("kind", str, enum=[k for k, _ in JOB_KINDS]),
             OpenApiParameter("search", str, description="substring of the profile name"),
         ],
     ),
