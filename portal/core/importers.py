@@ -420,7 +420,7 @@ def parse_csv(text: str) -> list[ProfileRecord]:
             rows.append((start, row))
             start = reader.line_num + 1
     except csv.Error as exc:
-        raise ProfileImportError([RowError(start, "(row)", _csv_message(exc))]) from None
+        raise ProfileImportError([RowError(start, "file", _csv_message(exc))]) from None
     for line, row in rows:
         too_long = [k for k, v in row.items() if isinstance(v, str) and len(v) > MAX_CELL_CHARS]
         if too_long:
