@@ -202,3 +202,15 @@ def test_browser_pages_answer_the_probe_without_a_500(world, staff, page):
             if value == NUL:
                 assert response.status_code == 400
                 assert name in response.content.decode()
+
+
+def test_the_admin_policy_form_refuses_deep_json_as_a_field_error(client, staff):
+    from portal.core.models import PolicySettings
+    from tests.portal.test_policy_settings import ADD, _form
+
+    client.force_login(staff)
+    response = client.post(ADD, _form("binpack", weights=DEEP))
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors["param__weights"]
+    assert any("nested 10000 levels deep" in e for e in errors), errors
+    assert not PolicySettings.objects.filter(name="main").exists()
