@@ -252,15 +252,18 @@ class JsonTooDeep(ValueError):
     """A JSON document nested deeper than its reader takes (``loads_bounded``)."""
 
 
-def loads_bounded(data: bytes | bytearray | str, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """``json.loads`` of a document nested at most ``max_depth`` levels deep, finite numbers
-    only. Raises ``JsonTooDeep`` (naming the depth) before decoding a deeper one (Python's
-    decoder would hit its recursion limit), ``ValueError`` for anything that is not JSON."""
+def loads_bounded(
+    data: bytes | bytearray | str, max_depth: int = MAX_JSON_DEPTH, *, finite: bool = True
+) -> Any:
+    """``json.loads`` of a document nested at most ``max_depth`` levels deep (and, with
+    ``finite``, holding finite numbers only). Raises ``JsonTooDeep`` (naming the depth) before
+    decoding a deeper one (Python's decoder would hit its recursion limit), ``ValueError`` for
+    anything that is not JSON."""
     depth = json_nesting_depth(data)
     if depth > max_depth:
         raise JsonTooDeep(f"nested {depth} levels deep; at most {max_depth}")
     try:
-        return json.loads(data, parse_constant=_no_constant)
+        return json.loads(data, parse_constant=_no_constant if finite else None)
     except RecursionError:  # pragma: no cover - the depth check comes first
         raise JsonTooDeep("nested too deeply") from None
 
@@ -275,7 +278,7 @@ def _parse(data: bytes | str | Mapping[str, Any]) -> Any:
     if isinstance(data, bytes | bytearray) and len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message larger than {MAX_MESSAGE_BYTES} bytes")
     try:
-        return loads_bounded(data)
+        return loads_bounded(data, finite=False)  # a NaN is refused by the field it is in
     except JsonTooDeep as exc:
         raise ProtocolError(f"not a message: JSON {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
