@@ -214,3 +214,26 @@ def test_the_admin_policy_form_refuses_deep_json_as_a_field_error(client, staff)
     errors = response.context["adminform"].form.errors["param__weights"]
     assert any("nested 10000 levels deep" in e for e in errors), errors
     assert not PolicySettings.objects.filter(name="main").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("workers", 2**63),
+        ("batches", 2**63),
+        ("seconds", 1e308),
+        ("remaining_steps", 2**80),
+        ("elapsed_s", 10**12),
+        ("local_batch", 2**31),
+    ],
+)
+def test_an_elastic_window_with_a_huge_number_is_a_400_naming_it(world, field, value):
+    body = {"workers": 1, "batches": 10, "seconds": 1.0, field: value}
+    response = Client().post(
+        "/api/v1/training/elastic/",
+        json.dumps(body),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {world['job_token']}",
+    )
+    assert response.status_code == 400, response.content
+    assert list(response.json()["errors"]) == [field]
