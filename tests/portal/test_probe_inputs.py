@@ -237,3 +237,19 @@ def test_an_elastic_window_with_a_huge_number_is_a_400_naming_it(world, field, v
     )
     assert response.status_code == 400, response.content
     assert list(response.json()["errors"]) == [field]
+
+
+@pytest.mark.parametrize(
+    "url", ["/api/v1/jobs/", "/api/v1/profiles/", "/api/v1/nodes/", "/api/v1/dashboard/cluster/"]
+)
+def test_page_size_and_page_are_checked(world, url):
+    client = Client(HTTP_AUTHORIZATION=f"Token {world['key']}")
+    for bad in ("null", "0", "501", "-1", "1.5", "", "\u0661"):
+        response = client.get(url, {"page_size": bad})
+        assert response.status_code == 400, (bad, response.content)
+        assert "page_size" in response.json()
+    assert client.get(url, {"page_size": "500"}).status_code == 200
+    for bad in ("abc", "", "99999999999999999999", "0"):
+        response = client.get(url, {"page": bad})
+        assert response.status_code == 404, (bad, response.content)
+        assert response.json() == {"detail": "Invalid page."}
