@@ -45,6 +45,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "portal.api.limits.ApiBodyLimitMiddleware",
+    # A NUL character in a query parameter is a 400 naming it (portal.core.request_guards).
+    "portal.core.request_guards.QueryTextMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -52,6 +54,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # A request whose database connection died: retried once (GET) or a 503 with Retry-After.
+    "portal.core.request_guards.LostDatabaseMiddleware",
     # Last, as django-axes asks: it turns a locked-out login into the lockout page.
     "axes.middleware.AxesMiddleware",
 ]
@@ -151,11 +155,15 @@ REST_FRAMEWORK = {
     ],
     "EXCEPTION_HANDLER": "portal.api.limits.exception_handler",
     # Per user (a session or any of its tokens) and per token; anonymous callers per address.
+    # Atomic counters (portal.api.throttles): the limits hold under concurrent clients.
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
-        "rest_framework.throttling.UserRateThrottle",
+        "portal.api.throttles.AnonThrottle",
+        "portal.api.throttles.UserThrottle",
         "portal.api.throttles.TokenRateThrottle",
     ],
+    # X-Forwarded-For counts for the anonymous limit's client address only behind this many
+    # trusted proxies (0: ignored, so no client can choose its own identity per request).
+    "NUM_PROXIES": envint("COSCHED_TRUSTED_PROXIES", 0),
     "DEFAULT_THROTTLE_RATES": {
         "anon": envstr("COSCHED_THROTTLE_ANON", "60/min"),
         "user": envstr("COSCHED_THROTTLE_USER", "2400/min"),
@@ -177,6 +185,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Every status each operation answers, NUL-free text, JSON bodies (portal.api.schema).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "portal.api.schema.document_every_status",
+    ],
     "ENUM_NAME_OVERRIDES": {
         "JobKindEnum": "portal.core.models.JOB_KINDS",
         "NodeKindEnum": "portal.core.models.Node.Kind",

@@ -74,6 +74,7 @@ MAX_MESSAGE_BYTES = 8 * 2**20
 MAX_ITEMS = 10_000  # entries in any one list (samples, results, ...)
 MAX_TEXT = 2**20  # characters of any one string (a command, a log tail)
 MAX_NAME = 200  # characters of a node name, a metric name, a state
+MAX_JSON_DEPTH = 64  # nesting of any JSON document read here (the messages need 6)
 
 # What an agent reports about an attempt it runs.
 RUN_STATES = ("starting", "running", "paused", "stopping")
@@ -251,13 +252,64 @@ def _kind(value: Any) -> str:
     )
 
 
+def json_nesting_depth(text: str | bytes | bytearray) -> int:
+    """The deepest nesting of ``[`` / ``{`` in a JSON document, read without parsing it (so a
+    100,000-deep document is measured without recursion)."""
+    if isinstance(text, bytes | bytearray):
+        text = bytes(text).decode("utf-8", "replace")
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+class JsonTooDeep(ValueError):
+    """A JSON document nested deeper than its reader takes (``loads_bounded``)."""
+
+
+def loads_bounded(
+    data: bytes | bytearray | str, max_depth: int = MAX_JSON_DEPTH, *, finite: bool = True
+) -> Any:
+    """``json.loads`` of a document nested at most ``max_depth`` levels deep (and, with
+    ``finite``, holding finite numbers only). Raises ``JsonTooDeep`` (naming the depth) before
+    decoding a deeper one (Python's decoder would hit its recursion limit), ``ValueError`` for
+    anything that is not JSON."""
+    depth = json_nesting_depth(data)
+    if depth > max_depth:
+        raise JsonTooDeep(f"nested {depth} levels deep; at most {max_depth}")
+    try:
+        return json.loads(data, parse_constant=_no_constant if finite else None)
+    except RecursionError:  # pragma: no cover - the depth check comes first
+        raise JsonTooDeep("nested too deeply") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON (only finite numbers)")
+
+
 def _parse(data: bytes | str | Mapping[str, Any]) -> Any:
     if isinstance(data, Mapping):
         return data
     if isinstance(data, bytes | bytearray) and len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message larger than {MAX_MESSAGE_BYTES} bytes")
     try:
-        return json.loads(data)
+        return loads_bounded(data, finite=False)  # a NaN is refused by the field it is in
+    except JsonTooDeep as exc:
+        raise ProtocolError(f"not a message: JSON {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"not JSON: {exc}") from None
 

@@ -158,11 +158,13 @@ class HeatmapSerializer(serializers.Serializer):
 # -- query parameters --------------------------------------------------------------------------
 
 WINDOW_PARAM = OpenApiParameter(
-    "window_s", int, description=f"seconds back from now (default {DEFAULT_WINDOW_S})"
+    "window_s",
+    {"type": "integer", "minimum": 1, "maximum": MAX_WINDOW_S},
+    description=f"seconds back from now (default {DEFAULT_WINDOW_S})",
 )
 MAX_POINTS_PARAM = OpenApiParameter(
     "max_points",
-    int,
+    {"type": "integer", "minimum": 1, "maximum": MAX_MAX_POINTS},
     description=f"points per series, at most (default {DEFAULT_MAX_POINTS}, max {MAX_MAX_POINTS})",
 )
 
@@ -315,10 +317,14 @@ class OverviewPagination(StandardPagination):
         f'"{OTHER_USERS_JOB}" without id, name or owner (staff see all).'
     ),
     parameters=[
-        OpenApiParameter("status", str, description="up, down or draining"),
-        OpenApiParameter("kind", str, description="gpu or cpu"),
-        OpenApiParameter("page", int),
-        OpenApiParameter("page_size", int, description="nodes per page (default 100, max 500)"),
+        OpenApiParameter("status", str, enum=["up", "down", "draining"]),
+        OpenApiParameter("kind", str, enum=["gpu", "cpu"]),
+        OpenApiParameter("page", {"type": "integer", "minimum": 1}),
+        OpenApiParameter(
+            "page_size",
+            {"type": "integer", "minimum": 1, "maximum": 500},
+            description="nodes per page (default 100, max 500)",
+        ),
     ],
     responses={200: ClusterOverviewSerializer, 400: OpenApiResponse(description="bad filter")},
 )
@@ -374,6 +380,7 @@ def cluster_overview(request: Request) -> Response:
             "metric",
             str,
             many=True,
+            enum=list(CLUSTER_SERIES_METRICS),
             description=f"one or more of {', '.join(CLUSTER_SERIES_METRICS)} "
             "(default sd_max_diff and queue_length)",
         ),
@@ -397,7 +404,10 @@ def cluster_series(request: Request) -> Response:
     summary="GPU series: utilisation and memory of every GPU (or the ones asked for)",
     parameters=[
         OpenApiParameter(
-            "metric", str, description=f"one of {', '.join(GPU_SERIES_METRICS)} (default util_pct)"
+            "metric",
+            str,
+            enum=list(GPU_SERIES_METRICS),
+            description=f"one of {', '.join(GPU_SERIES_METRICS)} (default util_pct)",
         ),
         OpenApiParameter("gpu", int, many=True, description="GPU ids (default: all)"),
         OpenApiParameter("node", str, description="only the GPUs of this node (name)"),
@@ -439,6 +449,7 @@ def gpus_series(request: Request) -> Response:
             "metric",
             str,
             many=True,
+            enum=list(GPU_SERIES_METRICS),
             description=f"{', '.join(GPU_SERIES_METRICS)} (default util_pct, memory_used_mb)",
         ),
         WINDOW_PARAM,
@@ -473,6 +484,7 @@ def gpu_series(request: Request, pk: int) -> Response:
             "metric",
             str,
             many=True,
+            enum=list(JOB_SERIES_METRICS),
             description=f"{', '.join(JOB_SERIES_METRICS)} (default both)",
         ),
         WINDOW_PARAM,
@@ -507,7 +519,10 @@ def job_series(request: Request, pk: int) -> Response:
     ),
     parameters=[
         OpenApiParameter(
-            "metric", str, description=f"{', '.join(JOB_SERIES_METRICS)} (default slowdown)"
+            "metric",
+            str,
+            enum=list(JOB_SERIES_METRICS),
+            description=f"{', '.join(JOB_SERIES_METRICS)} (default slowdown)",
         ),
         WINDOW_PARAM,
         MAX_POINTS_PARAM,
@@ -651,7 +666,13 @@ class QueueSerializer(serializers.Serializer):
         "Other users' jobs show their resources and reason but not their name or owner "
         "(staff see every job)."
     ),
-    parameters=[OpenApiParameter("limit", int, description="at most this many rows (1..500)")],
+    parameters=[
+        OpenApiParameter(
+            "limit",
+            {"type": "integer", "minimum": 1, "maximum": 500},
+            description="at most this many rows (1..500)",
+        )
+    ],
     responses={200: QueueSerializer},
 )
 @api_view(["GET"])

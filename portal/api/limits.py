@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +22,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 
-from portal.core.validation import json_nesting_depth
+from workers.protocol import JsonTooDeep, loads_bounded
 
 MAX_BODY_DEPTH = 64
 
@@ -59,30 +58,17 @@ class ApiBodyLimitMiddleware:
 
 
 class BoundedJSONParser(JSONParser):
-    """DRF's JSON parser with a nesting limit checked before decoding."""
+    """DRF's JSON parser with a nesting limit checked before decoding, finite numbers only."""
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
-        try:
-            raw = stream.read() if stream is not None else b""
-        except RequestDataTooBig:
-            raise
-        depth = json_nesting_depth(raw)
-        if depth > MAX_BODY_DEPTH:
-            raise ParseError(
-                f"JSON parse error - nested {depth} levels deep; at most {MAX_BODY_DEPTH}"
-            )
+        raw = stream.read() if stream is not None else b""
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
         try:
-            text = raw.decode(encoding)
-            return json.loads(text, parse_constant=_reject_constant)
-        except RecursionError:
-            raise ParseError("JSON parse error - nested too deeply") from None
-        except ValueError as exc:
+            return loads_bounded(raw.decode(encoding), MAX_BODY_DEPTH)
+        except JsonTooDeep as exc:
             raise ParseError(f"JSON parse error - {exc}") from None
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON (only finite numbers)")
+        except ValueError as exc:  # UnicodeDecodeError included
+            raise ParseError(f"JSON parse error - {exc}") from None
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -18,11 +18,12 @@ from drf_spectacular.utils import (
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.exceptions import NotFound, ParseError, PermissionDenied, ValidationError
-from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.permissions import IsAdminUser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from portal.api.limits import BoundedJSONParser
 from portal.api.pagination import StandardPagination
 from portal.api.permissions import IsStaffOrReadOnly
 from portal.api.serializers import (
@@ -42,9 +43,9 @@ from portal.api.serializers import (
     ProfileSerializer,
 )
 from portal.core import node_ops, selectors, services
-from portal.core.importers import ProfileImportError
-from portal.core.models import ApplicationProfile, Job
-from portal.core.states import IllegalTransition
+from portal.core.importers import ProfileImportConflict, ProfileImportError
+from portal.core.models import JOB_KINDS, ApplicationProfile, Job
+from portal.core.states import IllegalTransition, JobState
 from portal.teams.selectors import can_control_job
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
@@ -55,6 +56,10 @@ MAX_KEY_LENGTH = 200
 def _query_errors(exc: DjangoValidationError) -> ValidationError:
     return ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
 
+
+_STATE = f"({'|'.join(s.value for s in JobState)})"
+#: What the ``state`` filter takes: known states, comma-separated (any case is read too).
+STATE_LIST_PATTERN = f"^{_STATE}(,{_STATE})*$"
 
 idempotency_parameter = OpenApiParameter(
     name=IDEMPOTENCY_HEADER,
@@ -75,9 +80,11 @@ idempotency_parameter = OpenApiParameter(
         summary="List jobs (your own; staff: all)",
         parameters=[
             OpenApiParameter(
-                "state", str, description="state(s), comma-separated, e.g. PENDING,RUNNING"
+                "state",
+                {"type": "string", "pattern": STATE_LIST_PATTERN},
+                description="state(s), comma-separated, e.g. PENDING,RUNNING",
             ),
-            OpenApiParameter("kind", str, description="dl-train, dl-infer, hpc or other"),
+            OpenApiParameter("kind", str, enum=[k for k, _ in JOB_KINDS]),
             OpenApiParameter("search", str, description="substring of the job name"),
         ],
     ),
@@ -318,8 +325,13 @@ class JobViewSet(
     list=extend_schema(
         summary="List profiles (approved ones; staff: all)",
         parameters=[
-            OpenApiParameter("status", str, description="staff: draft, approved or retired"),
-            OpenApiParameter("kind", str),
+            OpenApiParameter(
+                "status",
+                str,
+                enum=list(ApplicationProfile.Status.values),
+                description="staff: draft, approved or retired",
+            ),
+            OpenApiParameter("kind", str, enum=[k for k, _ in JOB_KINDS]),
             OpenApiParameter("search", str, description="substring of the profile name"),
         ],
     ),
@@ -384,6 +396,10 @@ class ProfileViewSet(viewsets.ModelViewSet):
         responses={
             201: ImportResultSerializer,
             400: OpenApiResponse(ImportErrorSerializer, description="row-level errors"),
+            409: OpenApiResponse(
+                ImportErrorSerializer,
+                description="another import stored the same profile meanwhile: nothing imported",
+            ),
         },
     )
     @action(
@@ -391,7 +407,7 @@ class ProfileViewSet(viewsets.ModelViewSet):
         methods=["post"],
         url_path="import",
         permission_classes=[IsAdminUser],
-        parser_classes=[MultiPartParser, FormParser, JSONParser],
+        parser_classes=[MultiPartParser, FormParser, BoundedJSONParser],
     )
     def import_profiles(self, request: Request) -> Response:
         try:
@@ -442,12 +458,15 @@ class ProfileViewSet(viewsets.ModelViewSet):
                 options=options,
             )
         except ProfileImportError as exc:
+            conflict = isinstance(exc, ProfileImportConflict)
             return Response(
                 {
-                    "detail": f"nothing imported: {len(exc.errors)} error(s) in the file",
+                    "detail": f"nothing imported: {len(exc.errors)} error(s) in the file"
+                    if not conflict
+                    else "nothing imported: another import stored the same profile meanwhile",
                     "errors": [e.as_dict() for e in exc.errors],
                 },
-                status=status.HTTP_400_BAD_REQUEST,
+                status=status.HTTP_409_CONFLICT if conflict else status.HTTP_400_BAD_REQUEST,
             )
         profiles = selectors.profiles_visible_to(request.user).filter(
             pk__in=[p.pk for p in result.profiles]

@@ -32,6 +32,7 @@ from portal.core.models import (
 from portal.core.policy_settings import ParamSpec
 from portal.core.states import IllegalTransition
 from scheduler.policies.registry import available_policies
+from workers.protocol import loads_bounded
 
 DASH = "—"
 
@@ -523,7 +524,7 @@ class PolicySettingsForm(forms.ModelForm):
             if not text:
                 return spec.default
             try:
-                value = json.loads(text)
+                value = loads_bounded(text)  # a 10,000-deep value is an error, not a 500
             except ValueError as exc:
                 raise forms.ValidationError(f"not valid JSON: {exc}") from None
             if not isinstance(value, dict):

@@ -26,10 +26,14 @@ def _unavailable(exc: Exception) -> None:
         log.warning("cache unavailable, rate limits not enforced meanwhile: %s", exc)
 
 
-def _errors() -> tuple[type[Exception], ...]:
+def cache_errors() -> tuple[type[Exception], ...]:
+    """What a cache operation raises while Redis is unreachable."""
     import redis
 
     return (redis.exceptions.RedisError, OSError)
+
+
+_errors = cache_errors
 
 
 class ResilientRedisCache(RedisCache):

@@ -41,6 +41,7 @@ from portal.core.validation import (
     text_error,
 )
 from scheduler.catalog import UnknownGpuModel, canonical_model, gpu_spec
+from workers.protocol import loads_bounded
 
 FORMATS = ("csv", "json", "nvprof", "ncu")
 
@@ -124,6 +125,10 @@ class ProfileImportError(Exception):
         super().__init__(f"{len(errors)} error(s): {shown}{more}")
 
 
+class ProfileImportConflict(ProfileImportError):
+    """Another import stored the same profile while this one ran (HTTP 409): nothing stored."""
+
+
 @dataclass
 class _Collector:
     errors: list[RowError] = field(default_factory=list)
@@ -165,9 +170,11 @@ def _clean_field(name: str, raw: Any) -> Any:
     if isinstance(model_field, models.JSONField):
         if isinstance(raw, str):
             try:
-                raw = json.loads(raw)
+                raw = loads_bounded(raw, MAX_FILE_DEPTH)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"not valid JSON: {exc.msg}") from None
+            except ValueError as exc:  # too deep, NaN
+                raise ValueError(f"not valid JSON: {exc}") from None
         if not isinstance(raw, dict):
             raise ValueError("must be a JSON object")
         problem = json_error(raw)
@@ -396,19 +403,38 @@ def _decode(content: bytes | str) -> str:
 def parse_csv(text: str) -> list[ProfileRecord]:
     """Our CSV schema: a header of field names, one profile per line."""
     out = _Collector()
-    reader = csv.DictReader(io.StringIO(text))
-    if not reader.fieldnames:
+    # strict: a quote that never closes (or stray text after a closing quote) is an error, not
+    # a cell that silently swallows the following lines
+    reader = csv.DictReader(io.StringIO(text), strict=True)
+    try:
+        header = reader.fieldnames
+    except csv.Error as exc:
+        raise ProfileImportError([RowError(1, "file", _csv_message(exc))]) from None
+    if not header:
         raise ProfileImportError([RowError(None, "file", "empty file: no header")])
     records = []
+    rows: list[tuple[int, dict[str, Any]]] = []
+    start = reader.line_num + 1
     try:
-        rows = list(_csv_rows(reader))
+        for row in reader:
+            rows.append((start, row))
+            start = reader.line_num + 1
     except csv.Error as exc:
-        raise ProfileImportError([RowError(reader.line_num, "file", _csv_message(exc))]) from None
+        raise ProfileImportError([RowError(start, "file", _csv_message(exc))]) from None
     for line, row in rows:
         too_long = [k for k, v in row.items() if isinstance(v, str) and len(v) > MAX_CELL_CHARS]
         if too_long:
             for key in too_long:
                 out.add(line, str(key), f"cell longer than {MAX_CELL_CHARS:,} characters")
+            continue
+        multi_line = [
+            str(k)
+            for k, v in row.items()
+            if k is not None and k not in _MULTI_LINE and isinstance(v, str) and "\n" in v
+        ]
+        if multi_line:  # a quoted cell running over lines: a stray quote, most likely
+            for key in multi_line:
+                out.add(line, key, "a quoted cell runs over several lines (an unbalanced quote?)")
             continue
         if None in row:
             out.add(line, "(row)", f"{len(row[None])} more cell(s) than header columns")
@@ -419,15 +445,16 @@ def parse_csv(text: str) -> list[ProfileRecord]:
     return _finish(records, out)
 
 
-def _csv_rows(reader: csv.DictReader) -> Any:
-    for row in reader:
-        yield reader.line_num, row
+#: Columns whose text may hold line breaks (inside a quoted cell).
+_MULTI_LINE = frozenset({"description"})
 
 
 def _csv_message(exc: csv.Error) -> str:
     text = str(exc)
     if "field larger than field limit" in text:
         return f"a cell is longer than {csv.field_size_limit():,} characters"
+    if "unexpected end of data" in text:
+        return "not valid CSV: a quote opened in this row never closes (unbalanced quote)"
     return f"not valid CSV: {text}"
 
 

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
 from portal.core import validation
 from portal.core.importers import (
+    ProfileImportConflict,
     ProfileImportError,
     ProfileRecord,
     RowError,
@@ -444,8 +446,42 @@ def profile_import(
     approval: dict[str, Any] = {"status": status, "source": source}
     if status == ApplicationProfile.Status.APPROVED:
         approval.update(approved_by=actor, approved_at=now)
+    try:
+        return _profile_import_rows(records, actor, approval, update_existing)
+    except IntegrityError:  # only without advisory locks (SQLite): another import won the race
+        names = ", ".join(sorted({f"{r.key[0]} v{r.key[1]}" for r in records}))
+        raise ProfileImportConflict(
+            [
+                RowError(
+                    None,
+                    "name",
+                    f"another import stored profile {names} at the same time; nothing imported: "
+                    "look at the profiles and import again (with update_existing to overwrite)",
+                )
+            ]
+        ) from None
+
+
+def _lock_profile_names(names: Iterable[str]) -> None:
+    """Serialise imports of the same profile names (PostgreSQL transaction advisory locks, in
+    sorted order so two imports never deadlock): the second import of a new profile then finds
+    it stored and answers that it exists, instead of failing on the unique constraint."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        for name in sorted(set(names)):
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [_PROFILE_LOCK, name])
+
+
+_PROFILE_LOCK = 0x70726F66  # "prof": the advisory lock class of profile imports
+
+
+def _profile_import_rows(
+    records: list[Any], actor: Any, approval: dict[str, Any], update_existing: bool
+) -> ImportResult:
     result = ImportResult(created=[], updated=[])
     with transaction.atomic():
+        _lock_profile_names(r.key[0] for r in records)
         existing = {
             (p.name, p.version): p
             for p in ApplicationProfile.objects.select_for_update().filter(

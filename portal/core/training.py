@@ -42,6 +42,7 @@ from portal.core.models import (
     TrainingState,
 )
 from portal.core.states import JobState
+from portal.core.validation import DB_INT_MAX
 from scheduler.domain import (
     ClusterState,
     DataParallelState,
@@ -132,8 +133,8 @@ def _int(data: Mapping[str, Any], key: str, errors: dict[str, str], *, minimum: 
     if isinstance(value, bool) or not isinstance(value, int):
         errors[key] = f"expected an integer, got {value!r}"
         return None
-    if not minimum <= value <= 10**12:
-        errors[key] = f"expected an integer from {minimum}, got {value}"
+    if not minimum <= value <= DB_INT_MAX:
+        errors[key] = f"expected an integer from {minimum} to {DB_INT_MAX:,}, got {value}"
         return None
     return value
 

@@ -10,16 +10,16 @@ over 64 KB, 429 (with ``Retry-After``) past ``COSCHED_THROTTLE_JOB`` requests of
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
-from rest_framework.throttling import SimpleRateThrottle
 
+from portal.api.throttles import AtomicRateThrottle
 from portal.core.models import Placement
 from portal.core.training import ReportError, TokenError, job_token_placement, training_report
+from workers.protocol import JsonTooDeep, loads_bounded
 
 MAX_REPORT_BYTES = 64 * 1024
 
@@ -31,7 +31,7 @@ def _error(status: int, message: str) -> JsonResponse:
     return response
 
 
-class JobAttemptThrottle(SimpleRateThrottle):
+class JobAttemptThrottle(AtomicRateThrottle):
     """``DEFAULT_THROTTLE_RATES["job"]`` per running attempt: a job (or a runaway loop in it)
     cannot flood the portal through the training endpoints; DRF's throttle machinery on the
     shared cache, used from these plain views."""
@@ -78,7 +78,9 @@ def read_job_request(
         response["Retry-After"] = str(max(1, int(wait + 0.999)))
         return response
     try:
-        data = json.loads(request.body or b"{}")
+        data = loads_bounded(request.body or b"{}")
+    except JsonTooDeep as exc:
+        return JsonResponse({"errors": {"body": f"JSON {exc}"}}, status=400)
     except (ValueError, UnicodeDecodeError):
         data = None
     return placement, data

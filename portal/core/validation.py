@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from scheduler.admission import Admission, admit, capacity_of
+from workers.protocol import json_nesting_depth  # noqa: F401  (one scanner, shared)
 
 #: PostgreSQL ``integer`` (Django's IntegerField and PositiveIntegerField).
 DB_INT_MAX = 2**31 - 1
@@ -117,31 +118,6 @@ def json_error(
     if size > max_bytes:
         return f"{size:,} bytes of JSON; at most {max_bytes:,}"
     return None
-
-
-def json_nesting_depth(text: str | bytes) -> int:
-    """The deepest nesting of ``[`` / ``{`` in a JSON document, read without parsing it (so a
-    100,000-deep document is measured without recursion)."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", "replace")
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def job_input_errors(data: Mapping[str, Any]) -> dict[str, list[str]]:

@@ -15,6 +15,7 @@ from rest_framework.response import Response
 from portal.api.serializers import ErrorSerializer
 from portal.core import selectors as core_selectors
 from portal.ml import selectors
+from scheduler.catalog import CATALOG
 
 
 class ValidationScoresSerializer(serializers.Serializer):
@@ -86,7 +87,10 @@ class InterferenceHeatmapSerializer(serializers.Serializer):
     parameters=[
         OpenApiParameter("profile", int, description="include this profile (profile page)"),
         OpenApiParameter(
-            "gpu_model", str, description="GPU model (default: the cluster's most common)"
+            "gpu_model",
+            str,
+            enum=sorted(CATALOG),
+            description="GPU model (default: the cluster's most common)",
         ),
     ],
     responses={
@@ -108,7 +112,6 @@ def interference_heatmap(request: Request) -> Response:
     gpu_model = request.query_params.get("gpu_model") or None
     if gpu_model is not None:
         from portal.core.adapters import _gpu_model_key
-        from scheduler.catalog import CATALOG
 
         known = set(selectors.cluster_gpu_models()) | set(CATALOG)
         if _gpu_model_key(gpu_model) not in known:

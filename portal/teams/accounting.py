@@ -15,6 +15,7 @@ is the sum of those job rows.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -334,6 +335,19 @@ __all__ = [
 # -- report windows, CSV and the figure -------------------------------------------------------
 
 _UNITS = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SPAN = re.compile(r"[0-9]{1,12}(\.[0-9]{1,6})?", re.ASCII)
+#: The longest report window: a ``since`` further back than this is a 400 naming the limit.
+MAX_WINDOW_DAYS = 100 * 365
+
+
+def window_error(since: datetime, now: datetime) -> str | None:
+    """Why a report may not start at ``since`` (None: it may)."""
+    if since < now - timedelta(days=MAX_WINDOW_DAYS):
+        return (
+            f"is more than {MAX_WINDOW_DAYS:,} days ({MAX_WINDOW_DAYS // 365} years) back, "
+            "the longest window a report covers"
+        )
+    return None
 
 
 def parse_when(text: str | None, now: datetime) -> datetime | None:
@@ -346,8 +360,14 @@ def parse_when(text: str | None, now: datetime) -> datetime | None:
         return None
     text = str(text).strip()
     unit = _UNITS.get(text[-1:].lower())
-    if unit is not None and text[:-1].replace(".", "", 1).isdigit():
-        return now - timedelta(seconds=float(text[:-1]) * unit)
+    if unit is not None and _SPAN.fullmatch(text[:-1]):
+        seconds = float(text[:-1]) * unit
+        if seconds > MAX_WINDOW_DAYS * 86400:
+            raise ValueError(
+                f"{text!r} reaches back more than {MAX_WINDOW_DAYS:,} days "
+                f"({MAX_WINDOW_DAYS // 365} years), the longest window a report covers"
+            )
+        return now - timedelta(seconds=seconds)
     try:
         moment = parse_datetime(text)
         if moment is None:

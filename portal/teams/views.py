@@ -31,6 +31,7 @@ from portal.teams.accounting import (
     usage_figure,
     usage_records,
     usage_totals,
+    window_error,
 )
 
 DEFAULT_SINCE = "30d"
@@ -64,6 +65,10 @@ def _report(user: Any, params: Any) -> dict[str, Any]:
         since = parse_when(params.get("since") or DEFAULT_SINCE, now)
     except ValueError as exc:
         errors["since"] = [str(exc)]
+    else:
+        problem = since and window_error(since, now)
+        if problem:
+            errors["since"] = [problem]
     try:
         until = parse_when(params.get("until"), now)
     except ValueError as exc:
@@ -143,18 +148,20 @@ def _csv_response(report: dict[str, Any]) -> HttpResponse:
 @login_required
 def usage_page(request: HttpRequest) -> HttpResponse:
     params = request.GET
+    form = {  # what the form shows again: every key the template reads, in every view
+        "since_text": params.get("since") or DEFAULT_SINCE,
+        "until_text": params.get("until") or "",
+        "by": params.get("by") or "project",
+        "by_choices": BY_CHOICES,
+    }
     try:
         report = _report(request.user, params)
     except ValidationError as exc:
-        return render(
-            request,
-            "front/usage.html",
-            {"errors": exc.detail, "params": params, "by_choices": BY_CHOICES},
-            status=400,
-        )
+        return render(request, "front/usage.html", {"errors": exc.detail, **form}, status=400)
     if params.get("format") == "csv":
         return _csv_response(report)
     for row in report["rows"]:  # hours for the table
+        row["label"] = str(row[report["by"]] or "-")
         row["gpu_hours"] = row["gpu_seconds"] / 3600
         row["cpu_hours"] = row["cpu_seconds"] / 3600
         row["mean_wait_minutes"] = row["mean_wait_seconds"] / 60
@@ -162,13 +169,7 @@ def usage_page(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "front/usage.html",
-        {
-            "report": report,
-            "figure": usage_figure(report["rows"], report["by"]),
-            "params": params,
-            "since_text": params.get("since") or DEFAULT_SINCE,
-            "by_choices": BY_CHOICES,
-        },
+        {"report": report, "figure": usage_figure(report["rows"], report["by"]), **form},
     )
 
 

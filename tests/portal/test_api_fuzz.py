@@ -1,15 +1,21 @@
-"""A property-based fuzz of the REST API (issue 12, part 6): schemathesis generates requests
-from ``/api/schema/`` (valid and invalid ones) for every operation and checks each answer.
+"""A property-based fuzz of the REST API (issue 12, part 6; issue 29, part 5): schemathesis
+generates requests from ``/api/schema/`` (valid and invalid ones) for every operation and runs
+**all** its checks on each answer: no 5xx; every status documented; every documented answer
+matches its schema and content type; invalid requests rejected (``page_size=null`` included);
+valid requests accepted; authentication not ignored; deleted objects gone.
 
 Bounded: ``EXAMPLES`` requests per operation, in process (WSGI), as a staff user with a named
-token, so every operation is reachable. The checks: no 5xx ever; every documented answer
-matches its schema (required ``command``, nullable fields, the import error shape, ...); the
-content type is the documented one.
+token, so every operation is reachable; well under a minute.
 
-Schemathesis' ``positive_data_acceptance`` check is left out on purpose: the schema cannot say
-every rule a submission meets (text without NUL characters, admission against the registered
-cluster, known states in filters), so a request the schema allows may rightly be a 400 naming
-the field. Those rules have their own tests (test_hardening.py, test_admission.py).
+One check is left out on a few operations, and only there (``POSITIVE_DATA_EXEMPT``): whether
+a request the schema allows is accepted. What those operations take cannot be said in
+OpenAPI: the profile import reads a file (CSV, JSON, profiler output) whose rows are checked,
+and a usage window needs ``until`` after ``since`` and at most the longest window back; a
+submission is admitted against the registered cluster (a job asking more GPUs than exist is a
+400 naming the field); a profile written through the API is checked with the import's rules
+(GPU models of the catalogue, memory steps in order and under the stated maximum). Those rules
+have their own tests (test_import.py, test_usage_windows.py, test_admission.py,
+test_api_profiles.py).
 """
 
 from __future__ import annotations
@@ -17,11 +23,7 @@ from __future__ import annotations
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-)
+from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from portal.core.models import ApplicationProfile, Gpu, Node
 from portal.core.services import job_submit
@@ -29,7 +31,14 @@ from portal.front.services import token_create
 
 EXAMPLES = 12
 COVERAGE_PHASE = False
-CHECKS = [not_a_server_error, response_schema_conformance, content_type_conformance]
+POSITIVE_DATA_EXEMPT = {
+    ("POST", "/api/v1/profiles/import/"),
+    ("GET", "/api/v1/usage/"),
+    ("POST", "/api/v1/jobs/"),
+    ("POST", "/api/v1/profiles/"),
+    ("PUT", "/api/v1/profiles/{id}/"),
+    ("PATCH", "/api/v1/profiles/{id}/"),
+}
 
 
 @pytest.fixture
@@ -80,4 +89,8 @@ schema = schemathesis.pytest.from_fixture("api_schema")
     print_blob=True,
 )
 def test_the_api_never_fails_and_answers_as_documented(case, api_schema):
-    case.call_and_validate(headers={"Authorization": f"Token {api_schema.key}"}, checks=CHECKS)
+    exempt = (case.operation.method.upper(), case.operation.path) in POSITIVE_DATA_EXEMPT
+    case.call_and_validate(
+        headers={"Authorization": f"Token {api_schema.key}"},
+        excluded_checks=[positive_data_acceptance] if exempt else None,
+    )
