@@ -578,9 +578,26 @@ def _spec(
         owner=job.owner.get_username(),  # the node maps it to a unix account (isolation)
         memory_mb=job.memory_mb or None,
         time_limit_s=attempt_time_limit_s(job, placement.attempt),
-        env=training_env(job.pk, placement.attempt),
+        env={**training_env(job.pk, placement.attempt), **_job_control_env(job)},
         **common,
     )
+
+
+def _job_control_env(job: Job) -> dict[str, str]:
+    """An array task's index and array (``COSCHED_ARRAY_TASK_ID``, ``COSCHED_ARRAY_JOB_ID``)
+    and where the runner writes its output (``COSCHED_OUTPUT`` / ``COSCHED_ERROR``: the job's
+    patterns with %j, %a, %u filled in; docs/job-control.md)."""
+    from portal.core.jobcontrol import expand_path
+
+    env: dict[str, str] = {}
+    if job.array_of_id is not None:
+        env["COSCHED_ARRAY_JOB_ID"] = str(job.array_of_id)
+        env["COSCHED_ARRAY_TASK_ID"] = str(job.array_index)
+    user = job.owner.get_username()
+    for name, pattern in (("COSCHED_OUTPUT", job.output_path), ("COSCHED_ERROR", job.error_path)):
+        if pattern:
+            env[name] = expand_path(pattern, job_id=job.pk, user=user, array_index=job.array_index)
+    return env
 
 
 # --- after the transaction ------------------------------------------------------------------------

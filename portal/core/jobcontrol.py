@@ -55,7 +55,9 @@ def parse_dependencies(value: Any) -> list[dict[str, Any]]:
         else:
             raise ValueError(f"cannot read dependency {item!r}")
         if kind not in DEPENDENCY_TYPES:
-            raise ValueError(f"unknown dependency type {kind!r}; one of {', '.join(DEPENDENCY_TYPES)}")
+            raise ValueError(
+                f"unknown dependency type {kind!r}; one of {', '.join(DEPENDENCY_TYPES)}"
+            )
         for raw in ids:
             try:
                 job_id = int(raw)
@@ -76,7 +78,9 @@ def dependencies_text(deps: Sequence[dict[str, Any]]) -> str:
     return ",".join(f"{d['type']}:{d['job']}" for d in deps)
 
 
-def dependency_errors(owner: Any, deps: Sequence[dict[str, Any]], *, job_id: int | None = None) -> list[str]:
+def dependency_errors(
+    owner: Any, deps: Sequence[dict[str, Any]], *, job_id: int | None = None
+) -> list[str]:
     """Why ``deps`` cannot be used by ``owner`` (each job must exist and be theirs, and not be
     the job itself); empty when they can."""
     from portal.core.models import Job
@@ -90,7 +94,8 @@ def dependency_errors(owner: Any, deps: Sequence[dict[str, Any]], *, job_id: int
     missing = sorted(ids - owned)
     if missing:
         return [
-            f"no job {', '.join(map(str, missing))} of yours: a job may depend only on your own jobs"
+            f"no job {', '.join(map(str, missing))} of yours: "
+            "a job may depend only on your own jobs"
         ]
     return []
 

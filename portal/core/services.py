@@ -362,9 +362,7 @@ def job_update(job: Job, *, actor: str, owner: Any, **changes: Any) -> Job:
     raises ``IllegalTransition``."""
     unknown = sorted(set(changes) - set(EDITABLE_FIELDS))
     if unknown:
-        raise ValidationError(
-            {name: ["cannot be changed after submission"] for name in unknown}
-        )
+        raise ValidationError({name: ["cannot be changed after submission"] for name in unknown})
     with transaction.atomic():
         locked = Job.objects.select_for_update().select_related("profile").get(pk=job.pk)
         if locked.state != JobState.PENDING:
@@ -479,9 +477,7 @@ def job_preempt(job: Job, *, actor: str, reason: str) -> Job:
     return job
 
 
-def job_pause(
-    job: Job, *, actor: str, message: str = "paused", by_user: bool = False
-) -> Job:
+def job_pause(job: Job, *, actor: str, message: str = "paused", by_user: bool = False) -> Job:
     """Pause a RUNNING job (SIGSTOP on its node at the agent's next sync; it keeps its GPU
     memory and placement). Any other state raises ``IllegalTransition``. ``by_user``: a person
     paused it: it stays paused until resumed by a person (the cycle leaves it alone)."""
@@ -502,7 +498,12 @@ def job_resume(job: Job, *, actor: str, message: str = "resumed") -> Job:
     """Resume a PAUSED job (SIGCONT on its node). Any other state raises ``IllegalTransition``."""
     with transaction.atomic():
         job = job_transition(
-            job, JobState.RUNNING, actor=actor, message=message, expected="PAUSED", user_paused=False
+            job,
+            JobState.RUNNING,
+            actor=actor,
+            message=message,
+            expected="PAUSED",
+            user_paused=False,
         )
         emit_nudges(job_nodes(job.pk), f"job {job.pk} resumed")
     return job
