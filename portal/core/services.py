@@ -364,7 +364,9 @@ def job_update(job: Job, *, actor: str, owner: Any, **changes: Any) -> Job:
     if unknown:
         raise ValidationError({name: ["cannot be changed after submission"] for name in unknown})
     with transaction.atomic():
-        locked = Job.objects.select_for_update().select_related("profile").get(pk=job.pk)
+        locked = (
+            Job.objects.select_for_update(of=("self",)).select_related("profile").get(pk=job.pk)
+        )
         if locked.state != JobState.PENDING:
             raise IllegalTransition(job.pk, locked.state, "edited")
         merged = {
