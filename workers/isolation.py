@@ -716,6 +716,18 @@ class JobLaunch:
                 os.write(2, f"[cosched] the job cannot start: {exc}\n".encode(errors="replace"))
             raise
 
+    def drop_privileges(self) -> None:
+        """In a helper of the job (``workers.tee``), after ``fork``: only the account switch
+        (and the job's umask), so what it writes is the owner's, with the owner's rights."""
+        os.umask(0o077)
+        target = self.target
+        if target is not None:
+            os.setgroups(list(target.groups))
+            os.setresgid(target.gid, target.gid, target.gid)
+            os.setresuid(target.uid, target.uid, target.uid)
+            if os.getresuid() != (target.uid,) * 3:
+                raise OSError("the output copy did not drop its privileges")
+
     def _preexec(self, process: int) -> None:
         if self.cgroup:
             _write(os.path.join(self.cgroup, "cgroup.procs"), "0")

@@ -271,6 +271,20 @@ def _apply_reports(
     for tail in request.log_tails:
         if (tail.job_id, tail.attempt) in current:
             effects.tails[tail.job_id] = tail.text
+    if request.log_chunks:
+        from portal.core.joblogs import log_chunks_store
+
+        # The full log, in this transaction: the agent moves on once the reply says so.
+        mine = {(k.job_id, k.attempt) for k in parts}
+        mine |= {
+            (c.job_id, c.attempt)
+            for c in request.log_chunks
+            if (c.job_id, c.attempt) not in mine
+            and PlacementPart.objects.filter(
+                node=node, placement__job_id=c.job_id, placement__attempt=c.attempt
+            ).exists()
+        }
+        log_chunks_store(request.log_chunks, mine)
     effects.samples = _samples(node, request, current)
     return acked
 

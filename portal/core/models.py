@@ -394,7 +394,8 @@ class JobLogChunk(models.Model):
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
     attempt = models.PositiveIntegerField()
-    seq = models.PositiveIntegerField()
+    seq = models.PositiveBigIntegerField(help_text="byte offset in the node's log file")
+    size = models.PositiveIntegerField(help_text="bytes of the node's log file it holds")
     text = models.TextField()
     at = models.DateTimeField(auto_now_add=True)
 
