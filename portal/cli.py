@@ -108,8 +108,10 @@ class Client:
         headers: dict[str, str] | None = None,
         retry: bool | None = None,
         not_found: str = "not found",
+        raw: bool = False,
     ) -> tuple[int, Any]:
-        """Send one request; returns ``(status, decoded JSON body)`` for a 2xx answer.
+        """Send one request; returns ``(status, decoded JSON body)`` for a 2xx answer (with
+        ``raw``: the body as text).
 
         ``retry`` (default: GET only) retries connection failures and 502/503/504 with a short
         back-off; a POST is retried only when it is safe (an Idempotency-Key is sent).
@@ -146,6 +148,9 @@ class Client:
             except requests.RequestException as exc:
                 raise CliError(f"request to {self.url} failed: {exc}", EXIT_SERVER) from None
             else:
+                if raw and 200 <= response.status_code < 300:
+                    response.encoding = "utf-8"
+                    return response.status_code, response.text
                 if response.status_code not in RETRYABLE_STATUS or last:
                     return self._decode(response, not_found)
             self.sleep(min(2.0**attempt, 10.0))
@@ -593,7 +598,18 @@ def cmd_logs(
     err: IO[str],
 ) -> int:
     """Print the tail of a job's log (what its node agent last pushed); ``-f`` follows it until
-    the job ends."""
+    the job ends; ``--all``: the whole log the portal keeps, every attempt."""
+    if getattr(args, "all", False):
+        path = _job_path(args.id) + "log/full/"
+        params = {"attempt": args.attempt} if getattr(args, "attempt", None) else None
+        _, text = client.request(
+            "GET", path, params=params, raw=True, not_found=_not_found(args.id)
+        )
+        if not text:
+            err.write(f"job {args.id}: no output kept yet\n")
+        out.write(text)
+        out.flush()
+        return EXIT_OK
     printed = ""
     while True:
         _, body = client.request("GET", _job_path(args.id) + "log/", not_found=_not_found(args.id))
@@ -1060,6 +1076,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("id", type=_positive_int)
     p.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="the whole log the portal keeps (every attempt), not only the last 16 KB",
+    )
+    p.add_argument("--attempt", type=_positive_int, help="with --all: only this attempt")
     p.add_argument(
         "--interval", type=_seconds, default=2.0, help="seconds between polls (default 2)"
     )

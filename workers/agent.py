@@ -139,7 +139,6 @@ def device_row(device: DeviceInfo) -> dict[str, Any]:
     return row
 
 
-@dataclass
 def read_log_chunks(
     job_id: int, attempt: int, path: Path, start: int, count: int
 ) -> list[LogChunk]:
@@ -173,6 +172,7 @@ def read_log_chunks(
     return out
 
 
+@dataclass
 class _Attempt:
     """One attempt this agent started (or adopted): its directory, processes and what it
     reports."""

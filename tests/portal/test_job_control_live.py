@@ -107,3 +107,44 @@ def test_an_array_never_exceeds_its_limit_and_each_task_knows_its_index(
     for start, _ in spans:
         overlapping = sum(1 for s, e in spans if s <= start < e)
         assert overlapping <= 2
+
+
+def test_output_goes_to_the_owners_files_and_the_portal_keeps_the_whole_log(
+    alice, cluster, settings, tmp_path
+):
+    from rest_framework.test import APIClient
+
+    from portal.core.models import JobLogChunk
+
+    # 60,000 numbered lines (about 700 KB: more than the 16 KB tail and than one chunk),
+    # one line to stderr.
+    command = "seq 1 60000 | sed 's/^/line /'; echo oops >&2"
+    job, _ = job_submit(
+        alice, name="big", command=command, output_path="%u-%j.out", error_path="err/%j.err"
+    )
+    plain, _ = job_submit(alice, name="plain", command="echo plain-output")
+    with embedded_loop(settings, tmp_path / "logs", interval=0.2) as agents:
+        workdir = agents[0].work_dir
+        (workdir / f"job-{job.pk}" / "err").mkdir(parents=True)
+        wait_for(lambda: _done(job.pk, plain.pk), timeout=60, what="the jobs to finish")
+        kept = JobLogChunk.objects.filter(job=job).values_list("text", flat=True)
+        wait_for(lambda: "line 60000\n" in "".join(kept), timeout=30, what="the whole log")
+    assert Job.objects.get(pk=job.pk).state == "COMPLETED"
+    out = (workdir / f"job-{job.pk}" / f"alice-{job.pk}.out").read_text()
+    assert out.splitlines() == [f"line {i}" for i in range(1, 60001)]
+    assert (workdir / f"job-{job.pk}" / "err" / f"{job.pk}.err").read_text() == "oops\n"
+    default = workdir / f"job-{plain.pk}" / f"cosched-{plain.pk}.out"
+    assert default.read_text() == "plain-output\n"
+    assert JobLogChunk.objects.filter(job=job).count() >= 3  # streamed in pieces
+
+    api = APIClient()
+    api.force_authenticate(alice)
+    response = api.get(f"/api/v1/jobs/{job.pk}/log/full/")
+    assert response.status_code == 200
+    assert response["Content-Disposition"] == f'attachment; filename="job-{job.pk}.log"'
+    text = b"".join(response.streaming_content).decode()
+    lines = [line for line in text.splitlines() if line.startswith("line ")]
+    assert lines == [f"line {i}" for i in range(1, 60001)]  # whole, in order, once
+    assert "oops" in text
+    tail = api.get(f"/api/v1/jobs/{job.pk}/log/").json()["text"]
+    assert len(tail) <= 16 * 1024 + 100 and "line 1\n" not in tail
