@@ -286,3 +286,19 @@ def test_the_owner_requeues_a_running_job(alice_api, alice):
     assert not attempt.active and attempt.outcome == "requeued"
     assert "requeued by user:alice" in attempt.end_reason
     assert alice_api.post(f"{URL}{job.pk}/requeue/").status_code == 409
+
+
+def test_the_schema_documents_job_control(client):
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    paths = schema["paths"]
+    assert "patch" in paths["/api/v1/jobs/{id}/"] and "put" not in paths["/api/v1/jobs/{id}/"]
+    for verb in ("hold", "release", "requeue"):
+        assert "post" in paths[f"/api/v1/jobs/{{id}}/{verb}/"]
+    assert "text/plain" in str(paths["/api/v1/jobs/{id}/log/full/"]["get"]["responses"]["200"])
+    job = schema["components"]["schemas"]["Job"]["properties"]
+    for name in ("dependencies", "held", "array", "array_job_id", "user_paused", "output"):
+        assert name in job, name
+    update = schema["components"]["schemas"]["PatchedJobUpdate"]["properties"]
+    assert set(update) == {
+        "gpus", "gpu_memory_mb", "cpus", "memory_mb", "time_limit", "priority", "dependencies",
+    }  # fmt: skip
