@@ -954,6 +954,12 @@ job file (YAML, or JSON when the name ends in .json; - reads standard input):
   # elastic_deadline_s: 7200      #   ... or: finish within 2 h of the start (not both)
   max_global_batch: 1024          # optional: the largest global batch
   project: vision-lab             # optional: a project you belong to (default: yours)
+  dependencies: afterok:812       # optional: start after jobs of yours (after, afternotok,
+                                  #   afterany too; comma-separated)
+  array: 0-99%8                   # optional: 100 tasks, at most 8 at once
+  held: false                     # optional: true = does not start until released
+  output: logs/%j_%a.out          # optional: output file (%j job, %a array index, %u user)
+  error: logs/%j_%a.err           # optional: standard error file (default: with the output)
 
 Unknown fields are refused (a typo is not ignored). A job that can never run on the cluster
 (more GPUs of one model than exist, more GPU memory than any GPU, more cores than any node) is
