@@ -100,6 +100,38 @@ def dependency_errors(
     return []
 
 
+def dependency_cycle(job_id: int, deps: Sequence[dict[str, Any]]) -> list[int] | None:
+    """The chain of jobs through which ``job_id`` would wait for itself if it got ``deps``
+    (None: no cycle). Only jobs still PENDING can close a cycle (the others have started)."""
+    from portal.core.models import Job
+
+    parent: dict[int, int] = {}
+    frontier = [d["job"] for d in deps]
+    for other in frontier:
+        parent.setdefault(other, job_id)
+    seen: set[int] = set()
+    while frontier:
+        if job_id in frontier:
+            chain = [job_id]
+            at = parent[job_id]
+            while at != job_id:
+                chain.append(at)
+                at = parent[at]
+            return [job_id, *reversed(chain[1:])]
+        rows = Job.objects.filter(pk__in=frontier, state=JobState.PENDING).values_list(
+            "pk", "dependencies"
+        )
+        seen.update(frontier)
+        frontier = []
+        for pk, their in rows:
+            for d in their or ():
+                nxt = d.get("job")
+                if isinstance(nxt, int) and (nxt not in seen or nxt == job_id):
+                    parent.setdefault(nxt, pk)
+                    frontier.append(nxt)
+    return None
+
+
 @dataclass(frozen=True)
 class ArraySpec:
     indices: tuple[int, ...]

@@ -386,6 +386,17 @@ def job_update(job: Job, *, actor: str, owner: Any, **changes: Any) -> Job:
             problems = jobcontrol.dependency_errors(
                 owner, changes["dependencies"] or [], job_id=job.pk
             )
+            cycle = (
+                None
+                if problems
+                else jobcontrol.dependency_cycle(job.pk, changes["dependencies"] or [])
+            )
+            if cycle:
+                problems = [
+                    "a cycle: job "
+                    + " waits for job ".join(map(str, cycle))
+                    + f" waits for job {job.pk}"
+                ]
             if problems:
                 errors.setdefault("dependencies", []).extend(problems)
         errors = {k: v for k, v in errors.items() if k in changes} or errors

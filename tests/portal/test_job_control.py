@@ -115,6 +115,18 @@ def test_dependencies_only_on_your_own_jobs_and_bad_forms_are_400s(alice_api, bo
     assert Job.objects.filter(owner__username="alice").count() == 0
 
 
+def test_an_edit_that_would_make_jobs_wait_for_each_other_is_refused(alice_api, cpu_node):
+    a = _post(alice_api, held=True).json()["id"]
+    b = _post(alice_api, dependencies=f"afterok:{a}").json()["id"]
+    c = _post(alice_api, dependencies=f"afterany:{b}").json()["id"]
+    response = alice_api.patch(f"{URL}{a}/", {"dependencies": f"after:{c}"}, format="json")
+    assert response.status_code == 400
+    assert response.json()["dependencies"] == [
+        f"a cycle: job {a} waits for job {c} waits for job {b} waits for job {a}"
+    ]
+    assert _state(a).dependencies == []
+
+
 # -- hold / release -----------------------------------------------------------------------------
 
 
