@@ -43,6 +43,7 @@ def parse_dependencies(value: Any) -> list[dict[str, Any]]:
         raise ValueError('give a string like "afterok:812" or a list of {"type", "job"}')
     out: list[dict[str, Any]] = []
     for item in items:
+        ids: list[Any]
         if isinstance(item, dict):
             kind, ids = item.get("type", "afterany"), [item.get("job")]
         elif isinstance(item, str):
@@ -59,11 +60,13 @@ def parse_dependencies(value: Any) -> list[dict[str, Any]]:
                 f"unknown dependency type {kind!r}; one of {', '.join(DEPENDENCY_TYPES)}"
             )
         for raw in ids:
-            try:
+            if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) < 19:
                 job_id = int(raw)
-            except (TypeError, ValueError):
-                raise ValueError(f"{kind}: {raw!r} is not a job id") from None
-            if job_id <= 0 or isinstance(raw, bool):
+            elif isinstance(raw, int) and not isinstance(raw, bool) and raw < 2**62:
+                job_id = raw
+            else:
+                raise ValueError(f"{kind}: {raw!r} is not a job id")
+            if job_id <= 0:
                 raise ValueError(f"{kind}: {raw!r} is not a job id")
             entry = {"type": kind, "job": job_id}
             if entry not in out:
@@ -262,7 +265,7 @@ def gate_pending(rows: Sequence[Any], placed_per_array: dict[int, int] | None = 
     arrays = {r.array_of_id for r in rows if r.array_of_id is not None and r.array_limit}
     if placed_per_array is None:
         placed_per_array = _placed_per_array(arrays)
-    room = {a: None for a in arrays}
+    room: dict[int, int | None] = {a: None for a in arrays}
     for r in rows:
         if r.array_of_id in arrays and room[r.array_of_id] is None:
             room[r.array_of_id] = max(0, r.array_limit - placed_per_array.get(r.array_of_id, 0))

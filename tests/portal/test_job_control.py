@@ -46,7 +46,7 @@ def test_dependencies_and_arrays_are_read_in_slurms_forms():
     assert parse_dependencies([{"type": "afternotok", "job": 3}]) == [
         {"type": "afternotok", "job": 3}
     ]
-    for bad in ("afterwards:3", "afterok:x", [True], "afterok:0"):
+    for bad in ("afterwards:3", "afterok:x", [True], "afterok:0", [{"type": "after", "job": 1.5}]):
         with pytest.raises(ValueError):
             parse_dependencies(bad)
     spec = parse_array("0-99%8")
