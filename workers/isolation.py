@@ -717,7 +717,7 @@ class JobLaunch:
             raise
 
     def drop_privileges(self) -> None:
-        """In a helper of the job (``workers.tee``), after ``fork``: only the account switch
+        """In a helper of the job (the ``tee`` of its output), after ``fork``: only the switch
         (and the job's umask), so what it writes is the owner's, with the owner's rights."""
         os.umask(0o077)
         target = self.target

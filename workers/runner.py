@@ -69,6 +69,9 @@ import time
 
 from workers import isolation
 
+# coreutils' tee: the copy of a job's output to its owner's files (run as the owner).
+TEE = "/usr/bin/tee" if os.path.exists("/usr/bin/tee") else "/bin/tee"
+
 SPEC = "spec.json"
 RUNNER = "runner.json"
 JOB = "job.json"
@@ -178,7 +181,7 @@ class Runner:
         self._stop_asked = False
         self.proc: subprocess.Popen[bytes] | None = None  # the first (or only) process
         self.procs: list[subprocess.Popen[bytes]] = []
-        # ``workers.tee`` copies of the output to the owner's files, and the write ends of
+        # ``tee`` copies of the output to the owner's files, and the write ends of
         # their pipes (closed in the runner once the job has them).
         self.tees: list[subprocess.Popen[bytes]] = []
         self._pipes: list[int] = []
@@ -360,9 +363,11 @@ class Runner:
         return True
 
     def _output_streams(self, log: object, iso: object) -> tuple[object, object]:
-        """The job's stdout and stderr: the log itself, or pipes into ``workers.tee``
-        processes (run as the job's owner) that copy to the log and to the owner's output and
-        error files (``output`` / ``error`` in the spec: paths, relative to ``cwd``)."""
+        """The job's stdout and stderr: the log itself, or pipes into ``tee -a`` processes run
+        as the job's owner (dropped like the job, umask 077: a new file is 0600), which copy to
+        the log and to the owner's output and error files (``output`` / ``error`` in the spec:
+        paths, relative to ``cwd``). What the owner may not write is not written: ``tee`` says
+        so in the log and goes on copying to it."""
         output, error = self.spec.get("output"), self.spec.get("error")
         if not output and not error:
             return log, subprocess.STDOUT
@@ -373,9 +378,9 @@ class Runner:
             try:
                 self.tees.append(
                     subprocess.Popen(
-                        [sys.executable, "-S", "-m", "workers.tee", str(path)],
+                        [TEE, "-a", "--", str(path)],
                         cwd=self.spec["cwd"],
-                        env={"PYTHONPATH": os.path.dirname(os.path.dirname(__file__))},
+                        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
                         stdin=read_end,
                         stdout=log,
                         stderr=log,
