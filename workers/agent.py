@@ -139,6 +139,16 @@ def device_row(device: DeviceInfo) -> dict[str, Any]:
     return row
 
 
+def _utf8_boundary(data: bytes) -> int:
+    """The length of ``data`` without a UTF-8 character cut at its end."""
+    start = len(data) - 1
+    while start > 0 and len(data) - start < 4 and (data[start] & 0xC0) == 0x80:
+        start -= 1
+    lead = data[start]
+    need = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    return len(data) if start + need <= len(data) else (start or len(data))
+
+
 def read_log_chunks(
     job_id: int, attempt: int, path: Path, start: int, count: int
 ) -> list[LogChunk]:
@@ -155,14 +165,7 @@ def read_log_chunks(
                 cut = len(data)
                 if len(data) == LOG_CHUNK_BYTES:
                     newline = data.rfind(b"\n")
-                    if newline >= 0:
-                        cut = newline + 1
-                    else:
-                        while cut > 0 and (data[cut - 1] & 0xC0) == 0x80:
-                            cut -= 1
-                        if cut > 0 and data[cut - 1] >= 0xC0:
-                            cut -= 1
-                        cut = cut or len(data)
+                    cut = newline + 1 if newline >= 0 else _utf8_boundary(data)
                 text = data[:cut].decode("utf-8", "replace")
                 out.append(LogChunk(job_id, attempt, start, text, cut))
                 start += cut
