@@ -102,3 +102,38 @@ def test_pause_resume_and_requeue_a_running_job(server, alice):  # noqa: F811
     assert requeued.code == 0 and f"Requeued job {job.pk} (r): PENDING" in requeued.out
     again = run_cli("requeue", str(job.pk), url=server.url, token=server.key)
     assert again.code == cli.EXIT_JOB_NOT_COMPLETED and "PENDING" in again.err
+
+
+def test_logs_all_prints_the_whole_log_and_a_1000_task_array_is_one_request(
+    server,  # noqa: F811
+    alice,
+    tmp_path,
+):
+    import time
+
+    from portal.core.models import JobLogChunk
+
+    job = Job.objects.create(owner=alice, name="logged", command="true")
+    lines = "".join(f"line {i}\n" for i in range(5000))  # far more than the 16 KB tail
+    JobLogChunk.objects.create(job=job, attempt=1, seq=0, size=len(lines), text=lines)
+    JobLogChunk.objects.create(job=job, attempt=2, seq=len(lines), size=6, text="again\n")
+    done = run_cli("logs", str(job.pk), "--all", url=server.url, token=server.key)
+    assert done.code == 0 and done.out == lines + "again\n"
+    second = run_cli(
+        "logs", str(job.pk), "--all", "--attempt", "2", url=server.url, token=server.key
+    )
+    assert second.code == 0 and second.out == "again\n"
+    empty = Job.objects.create(owner=alice, name="quiet", command="true")
+    none = run_cli("logs", str(empty.pk), "--all", url=server.url, token=server.key)
+    assert none.code == 0 and none.out == "" and "no output kept yet" in none.err
+
+    started = time.perf_counter()  # the whole command: Python start, HTTP, 1,000 rows
+    big = run_cli(
+        "submit", _file(tmp_path, "big"), "--array", "0-999%8", "-q",
+        url=server.url, token=server.key,
+    )  # fmt: skip
+    elapsed = time.perf_counter() - started
+    assert big.code == 0, big.err
+    assert Job.objects.filter(array_of_id=int(big.out)).count() == 1000
+    print(f"cosched submit --array 0-999%8 against a live server: {elapsed:.2f} s")
+    assert elapsed < 4.0  # the request itself is measured in test_job_control (< 2 s)
