@@ -314,3 +314,31 @@ def test_the_schema_documents_job_control(client):
     assert set(update) == {
         "gpus", "gpu_memory_mb", "cpus", "memory_mb", "time_limit", "priority", "dependencies",
     }  # fmt: skip
+
+
+def test_the_forms_refuse_bad_job_control_fields_naming_them(client, alice, cpu_node):
+    client.force_login(alice)
+    response = client.post(
+        "/jobs/new/",
+        {"name": "x", "command": "true", "cpus": 1, "array": "9-1", "dependencies": "soon:3",
+         "output": "../escape.out"},
+    )  # fmt: skip
+    assert response.status_code == 400
+    errors = response.context["form"].errors
+    assert {"array", "dependencies", "output"} <= set(errors), errors
+    assert not Job.objects.exists()
+    running = _running_on_gpu(alice)
+    page = client.get(f"/jobs/{running.pk}/edit/", follow=True)
+    assert "only a pending job of yours can be changed" in page.content.decode()
+    pending = _post_as(alice, cpus=2)
+    response = client.post(
+        f"/jobs/{pending.pk}/edit/",
+        {"gpus": 0, "cpus": 99999, "priority": 0, "time_limit": "", "dependencies": ""},
+    )
+    assert response.status_code == 400 and "cpus" in response.context["form"].errors
+    assert client.post(f"/jobs/{pending.pk}/explode/").status_code == 404
+
+
+def _post_as(owner, **fields) -> Job:
+    job, _ = job_submit(owner, name="p", command="true", **fields)
+    return job
