@@ -109,8 +109,10 @@ class Client:
         headers: dict[str, str] | None = None,
         retry: bool | None = None,
         not_found: str = "not found",
+        raw: bool = False,
     ) -> tuple[int, Any]:
-        """Send one request; returns ``(status, decoded JSON body)`` for a 2xx answer.
+        """Send one request; returns ``(status, decoded JSON body)`` for a 2xx answer (with
+        ``raw``: the body as text).
 
         ``retry`` (default: GET only) retries connection failures and 502/503/504 with a short
         back-off; a POST is retried only when it is safe (an Idempotency-Key is sent).
@@ -147,6 +149,9 @@ class Client:
             except requests.RequestException as exc:
                 raise CliError(f"request to {self.url} failed: {exc}", EXIT_SERVER) from None
             else:
+                if raw and 200 <= response.status_code < 300:
+                    response.encoding = "utf-8"
+                    return response.status_code, response.text
                 if response.status_code not in RETRYABLE_STATUS or last:
                     return self._decode(response, not_found)
             self.sleep(min(2.0**attempt, 10.0))
@@ -309,6 +314,16 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
     for label, key in (("started", "started_at"), ("finished", "finished_at")):
         if job.get(key):
             rows.append((label, _when(job[key])))
+    if job.get("held"):
+        rows.append(("held", "yes (cosched release to let it start)"))
+    if job.get("user_paused"):
+        rows.append(("paused by", "a person (cosched resume to continue)"))
+    if job.get("dependencies"):
+        deps = ",".join(f"{d['type']}:{d['job']}" for d in job["dependencies"])
+        rows.append(("depends on", deps))
+    if job.get("array_job_id") is not None:
+        limit = f", at most {job['array_limit']} at once" if job.get("array_limit") else ""
+        rows.append(("array", f"task {job.get('array_index')} of {job['array_job_id']}{limit}"))
     if job.get("exit_code") is not None:
         rows.append(("exit code", job["exit_code"]))
     if job.get("failure_reason"):
@@ -420,6 +435,20 @@ def cmd_submit(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
     if getattr(args, "project", None):
         fields["project"] = args.project
         raw += b"\nproject: " + args.project.encode()  # a new project is a new job
+    # Job control options override the file's (and, being part of the body, its key).
+    for option, field in (
+        ("array", "array"),
+        ("dependency", "dependencies"),
+        ("output", "output"),
+        ("error", "error"),
+    ):
+        value = getattr(args, option, None)
+        if value:
+            fields[field] = value
+            raw += f"\n# --{option} {value}".encode()
+    if getattr(args, "hold", False):
+        fields["held"] = True
+        raw += b"\n# --hold"
     headers: dict[str, str] = {}
     key = (
         None if args.no_idempotency_key else (args.idempotency_key or default_idempotency_key(raw))
@@ -434,7 +463,12 @@ def cmd_submit(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
     elif args.quiet:
         out.write(f"{job['id']}\n")
     elif not args.json:
-        if status == 201:
+        if status == 201 and job.get("array_job_id") is not None:
+            out.write(
+                f"Submitted array {job['id']} ({job['name']}): {fields['array']}; "
+                f"tasks: cosched jobs --array {job['id']}\n"
+            )
+        elif status == 201:
             out.write(f"Submitted job {job['id']} ({job['name']}): {job['state']}\n")
         else:
             out.write(
@@ -565,7 +599,18 @@ def cmd_logs(
     err: IO[str],
 ) -> int:
     """Print the tail of a job's log (what its node agent last pushed); ``-f`` follows it until
-    the job ends."""
+    the job ends; ``--all``: the whole log the portal keeps, every attempt."""
+    if getattr(args, "all", False):
+        path = _job_path(args.id) + "log/full/"
+        params = {"attempt": args.attempt} if getattr(args, "attempt", None) else None
+        _, text = client.request(
+            "GET", path, params=params, raw=True, not_found=_not_found(args.id)
+        )
+        if not text:
+            err.write(f"job {args.id}: no output kept yet\n")
+        out.write(text)
+        out.flush()
+        return EXIT_OK
     printed = ""
     while True:
         _, body = client.request("GET", _job_path(args.id) + "log/", not_found=_not_found(args.id))
@@ -604,12 +649,64 @@ def cmd_cancel(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
     return EXIT_OK
 
 
+def _post_verb(verb: str, past: str) -> Callable[..., int]:
+    def command(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+        _, job = client.request(
+            "POST", _job_path(args.id) + f"{verb}/", retry=True, not_found=_not_found(args.id)
+        )
+        if args.json:
+            _emit_json(job, out)
+        else:
+            out.write(f"{past} job {job['id']} ({job.get('name', '')}): {job['state']}\n")
+        return EXIT_OK
+
+    command.__name__ = f"cmd_{verb}"
+    return command
+
+
+cmd_hold = _post_verb("hold", "Held")
+cmd_release = _post_verb("release", "Released")
+cmd_requeue = _post_verb("requeue", "Requeued")
+cmd_pause = _post_verb("pause", "Paused")
+cmd_resume = _post_verb("resume", "Resumed")
+
+
+def cmd_update(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """Change a pending job: only the options given are sent."""
+    body: dict[str, Any] = {}
+    for option, field in (
+        ("gpus", "gpus"),
+        ("gpu_memory_mb", "gpu_memory_mb"),
+        ("cpus", "cpus"),
+        ("memory_mb", "memory_mb"),
+        ("time_limit", "time_limit"),
+        ("priority", "priority"),
+        ("dependency", "dependencies"),
+    ):
+        value = getattr(args, option, None)
+        if value is not None:
+            body[field] = value
+    if not body:
+        raise CliError(
+            "nothing to change: give at least one option (cosched update -h)", EXIT_BAD_INPUT
+        )
+    _, job = client.request("PATCH", _job_path(args.id), body=body, not_found=_not_found(args.id))
+    if args.json:
+        _emit_json(job, out)
+    else:
+        said = ", ".join(f"{k} {v}" for k, v in body.items())
+        out.write(f"Updated job {job['id']} ({job.get('name', '')}): {said}\n")
+    return EXIT_OK
+
+
 def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     params: dict[str, Any] = {"page_size": min(args.limit, 500)}
     if args.state:
         params["state"] = args.state.upper()
     if args.search:
         params["search"] = args.search
+    if getattr(args, "array", None):
+        params["array"] = args.array
     _, data = client.request("GET", "/api/v1/jobs/", params=params)
     jobs = data.get("results", []) if isinstance(data, dict) else data
     jobs = jobs[: args.limit]
@@ -636,7 +733,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
     ]
     rows = [
         [
-            job["id"],
+            job["id"] if job.get("array_index") is None else f"{job['id']} [{job['array_index']}]",
             job["state"],
             job.get("kind", ""),
             job.get("gpus", ""),
@@ -896,6 +993,12 @@ job file (YAML, or JSON when the name ends in .json; - reads standard input):
   # elastic_deadline_s: 7200      #   ... or: finish within 2 h of the start (not both)
   max_global_batch: 1024          # optional: the largest global batch
   project: vision-lab             # optional: a project you belong to (default: yours)
+  dependencies: afterok:812       # optional: start after jobs of yours (after, afternotok,
+                                  #   afterany too; comma-separated)
+  array: 0-99%8                   # optional: 100 tasks, at most 8 at once
+  held: false                     # optional: true = does not start until released
+  output: logs/%j_%a.out          # optional: output file (%j job, %a array index, %u user)
+  error: logs/%j_%a.err           # optional: standard error file (default: with the output)
 
 Unknown fields are refused (a typo is not ignored). A job that can never run on the cluster
 (more GPUs of one model than exist, more GPU memory than any GPU, more cores than any node) is
@@ -968,6 +1071,21 @@ def build_parser() -> argparse.ArgumentParser:
         "file's time_limit",
     )
     p.add_argument(
+        "--array",
+        metavar="INDICES",
+        help='submit an array: "0-99%%8" (tasks 0..99, at most 8 at once), "1,3,5-7", "0-15:4"',
+    )
+    p.add_argument(
+        "--dependency",
+        "-d",
+        metavar="LIST",
+        help="wait for jobs of yours: afterok:812, after:812, afternotok:812, afterany:812, "
+        "comma-separated",
+    )
+    p.add_argument("--hold", action="store_true", help="submit held (cosched release starts it)")
+    p.add_argument("--output", "-o", help="output file: %%j job id, %%a array index, %%u user")
+    p.add_argument("--error", "-e", help="standard error file (same patterns; default: output)")
+    p.add_argument(
         "--wait",
         action="store_true",
         help="then wait for the job to finish, like `cosched wait` (exit 0 only if COMPLETED)",
@@ -1004,6 +1122,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", type=_positive_int)
     p.add_argument("-f", "--follow", action="store_true", help="follow until the job ends")
     p.add_argument(
+        "--all",
+        action="store_true",
+        help="the whole log the portal keeps (every attempt), not only the last 16 KB",
+    )
+    p.add_argument("--attempt", type=_positive_int, help="with --all: only this attempt")
+    p.add_argument(
         "--interval", type=_seconds, default=2.0, help="seconds between polls (default 2)"
     )
     p.set_defaults(func=cmd_logs)
@@ -1012,7 +1136,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", type=_positive_int)
     p.set_defaults(func=cmd_cancel)
 
+    for name, func, text in (
+        ("hold", cmd_hold, "hold a pending job: it does not start until released"),
+        ("release", cmd_release, "release a held job"),
+        ("requeue", cmd_requeue, "stop a placed job and put it back in the queue"),
+        ("pause", cmd_pause, "pause a running job (it stays paused until you resume it)"),
+        ("resume", cmd_resume, "resume a job you paused"),
+    ):
+        p = sub.add_parser(name, parents=[common], help=text)
+        p.add_argument("id", type=_positive_int)
+        p.set_defaults(func=func)
+
+    p = sub.add_parser(
+        "update",
+        parents=[common],
+        help="change a pending job's resources, time limit, priority or dependencies",
+    )
+    p.add_argument("id", type=_positive_int)
+    p.add_argument("--gpus", type=int)
+    p.add_argument("--gpu-memory-mb", type=int, dest="gpu_memory_mb")
+    p.add_argument("--cpus", type=int)
+    p.add_argument("--memory-mb", type=int, dest="memory_mb")
+    p.add_argument("--time-limit", type=_time_limit, metavar="DURATION", dest="time_limit")
+    p.add_argument("--priority", type=int)
+    p.add_argument(
+        "--dependency", "-d", metavar="LIST", help='e.g. "afterok:812"; "" removes them all'
+    )
+    p.set_defaults(func=cmd_update)
+
     p = sub.add_parser("jobs", parents=[common], help="list your jobs (staff: all jobs)")
+    p.add_argument("--array", type=_positive_int, help="the tasks of this array, by index")
     p.add_argument("--state", help="state(s), comma-separated, e.g. PENDING,RUNNING")
     p.add_argument("--search", help="substring of the job name")
     p.add_argument("--limit", type=int, default=50, help="at most this many jobs (default 50)")

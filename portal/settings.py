@@ -224,6 +224,8 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = "scheduler"
 COSCHED = {
     "METRICS_RETENTION_DAYS": envint("COSCHED_METRICS_RETENTION_DAYS", 14),
+    # Jobs' full logs (portal.core.joblogs) are kept this long after the job ended.
+    "LOG_RETENTION_DAYS": envint("COSCHED_LOG_RETENTION_DAYS", 30),
     "IDEMPOTENCY_TTL_S": envint("COSCHED_IDEMPOTENCY_TTL_S", 24 * 3600),
     # Larger API request bodies get a JSON 413 (portal.api.limits).
     "API_MAX_BODY_BYTES": envint("COSCHED_API_MAX_BODY_BYTES", 4 * 1024 * 1024),

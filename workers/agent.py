@@ -85,6 +85,7 @@ from workers.protocol import (
     AttemptKey,
     AttemptResult,
     AttemptSpec,
+    LogChunk,
     LogTail,
     NodeInfo,
     ProtocolError,
@@ -101,6 +102,10 @@ from workers.slowdown import live_slowdown
 log = logging.getLogger(__name__)
 
 LOG_TAIL_BYTES = 16 * 1024  # what the agent sends for the job page's live log
+# The full log goes to the portal in chunks of at most this many bytes (docs/job-control.md):
+# one per running attempt and periodic sync, up to LOG_CHUNKS_PER_SYNC of an ended one.
+LOG_CHUNK_BYTES = 256 * 1024
+LOG_CHUNKS_PER_SYNC = 4
 KILL_GRACE_S = DEFAULT_STOP_GRACE_S  # SIGTERM, then SIGKILL (until the portal says otherwise)
 CHECKPOINT_DIR_ENV = "COSCHED_CHECKPOINT_DIR"  # the job's directory kept across its attempts
 TIME_LIMIT_ENV = "COSCHED_TIME_LIMIT_S"  # the attempt's time limit (s), when it has one
@@ -136,6 +141,42 @@ def device_row(device: DeviceInfo) -> dict[str, Any]:
     return row
 
 
+def _utf8_boundary(data: bytes) -> int:
+    """The length of ``data`` without a UTF-8 character cut at its end."""
+    start = len(data) - 1
+    while start > 0 and len(data) - start < 4 and (data[start] & 0xC0) == 0x80:
+        start -= 1
+    lead = data[start]
+    need = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    return len(data) if start + need <= len(data) else (start or len(data))
+
+
+def read_log_chunks(
+    job_id: int, attempt: int, path: Path, start: int, count: int
+) -> list[LogChunk]:
+    """Up to ``count`` chunks of ``path`` from byte ``start`` on, each ending at a line end
+    when it has one (else at a character boundary), so no chunk splits a UTF-8 character."""
+    out: list[LogChunk] = []
+    try:
+        with open(path, "rb") as f:
+            f.seek(start)
+            for _ in range(count):
+                data = f.read(LOG_CHUNK_BYTES)
+                if not data:
+                    break
+                cut = len(data)
+                if len(data) == LOG_CHUNK_BYTES:
+                    newline = data.rfind(b"\n")
+                    cut = newline + 1 if newline >= 0 else _utf8_boundary(data)
+                text = data[:cut].decode("utf-8", "replace")
+                out.append(LogChunk(job_id, attempt, start, text, cut))
+                start += cut
+                f.seek(start)
+    except OSError:
+        return out
+    return out
+
+
 @dataclass
 class _Attempt:
     """One attempt this agent started (or adopted): its directory, processes and what it
@@ -159,6 +200,7 @@ class _Attempt:
     profile: Profile | None = None
     mig_uuid: str | None = None
     tail_size: int = -1  # log size when its tail was last sent
+    log_sent: int = -1  # bytes of the log the portal has in full (-1: from log_offset on)
     progress: float | None = None
     iters_done: int | None = None
     iters_total: int | None = None
@@ -310,6 +352,9 @@ class NodeAgent:
         self.last_sync_ok: float | None = None  # monotonic s
         self._lock = threading.RLock()
         self._attempts: dict[AttemptKey, _Attempt] = {}
+        # Ended attempts the portal acknowledged before it had their whole log: where the
+        # log is and how much of it was sent.
+        self._log_backlog: dict[AttemptKey, tuple[Path, int]] = {}
         self._seq = 0
         self._lock_fd: int | None = None
         self._samples: list[Sample] = []
@@ -414,6 +459,7 @@ class NodeAgent:
             log_path=Path(data["log"]),
             started_at=float(data.get("created_at", time.time())),
             log_offset=int(data.get("log_offset", 0)),
+            log_sent=int(data.get("log_start", data.get("log_offset", 0))),
         )
         runner = runner_files.read_json(directory / runner_files.RUNNER) or {}
         a.runner_pid, a.runner_ticks = runner.get("pid"), runner.get("start_ticks")
@@ -512,7 +558,10 @@ class NodeAgent:
         running = []
         results = []
         tails = []
+        chunks: list[LogChunk] = []
         for a in sorted(self._attempts.values(), key=lambda a: a.key):
+            if a.spec.node_rank == 0 and (a.result is not None or not light):
+                chunks.extend(self._log_chunks(a, final=a.result is not None))
             if a.result is not None:
                 results.append(a.result)
                 continue
@@ -545,6 +594,7 @@ class NodeAgent:
             results=tuple(results),
             samples=() if light else tuple(self._samples),
             log_tails=tuple(tails),
+            log_chunks=(*chunks, *self._backlog_chunks()),
         )
 
     def info(self) -> NodeInfo:
@@ -595,6 +645,18 @@ class NodeAgent:
         if request.samples or not self._samples:
             self._last_full = time.monotonic()
         del self._samples[: len(request.samples)]
+        for chunk in request.log_chunks:
+            end = chunk.offset + chunk.size
+            key = AttemptKey(chunk.job_id, chunk.attempt)
+            a = self._attempts.get(key)
+            if a is not None:
+                a.log_sent = max(a.log_sent, end)
+            if key in self._log_backlog:
+                path, _ = self._log_backlog[key]
+                self._log_backlog[key] = (path, end)
+        for key, (path, sent) in list(self._log_backlog.items()):
+            if sent >= _size(path):
+                del self._log_backlog[key]
         sent_tails = {(t.job_id, t.attempt) for t in request.log_tails}
         for a in self._attempts.values():
             if (a.job_id, a.spec.attempt) in sent_tails:
@@ -705,6 +767,7 @@ class NodeAgent:
                 ranks = None  # one container per node runs the job
             elif not spec.command.strip():
                 raise LaunchError("the job has no command")
+            a.log_sent = max(0, _size(log_path))  # this attempt's part of the log begins here
             a.log_offset = _write_header(log_path, spec, self.name)
             runner_files.write_json(
                 tmp / runner_files.SPEC,
@@ -720,6 +783,11 @@ class NodeAgent:
                     "time_limit_grace_s": self.stop_grace_s,
                     "log": str(log_path),
                     "log_offset": a.log_offset,
+                    "log_start": a.log_sent,
+                    # The owner's copies of the output (workers.tee), relative to the work
+                    # directory: the portal's patterns filled in, else cosched-<job>.out.
+                    "output": env.get("COSCHED_OUTPUT") or f"cosched-{spec.job_id}.out",
+                    "error": env.get("COSCHED_ERROR") or "",
                     "lease_file": str(self.lease_file),
                     "lease_deadline": self.lease_deadline or 0.0,
                     "created_at": a.started_at,
@@ -1149,8 +1217,32 @@ class NodeAgent:
         log.info("%s: attempt %s ended: %s", self.name, a.key, a.result.detail)
         return True
 
+    def _log_chunks(self, a: _Attempt, *, final: bool) -> list[LogChunk]:
+        """The next pieces of ``a``'s log the portal does not have (one while it runs, up to
+        ``LOG_CHUNKS_PER_SYNC`` once it ended)."""
+        if a.log_sent < 0:
+            a.log_sent = 0
+        return read_log_chunks(
+            a.job_id,
+            a.spec.attempt,
+            a.log_path,
+            a.log_sent,
+            LOG_CHUNKS_PER_SYNC if final else 1,
+        )
+
+    def _backlog_chunks(self) -> list[LogChunk]:
+        """Chunks of ended attempts whose result the portal acknowledged before it had their
+        whole log."""
+        out: list[LogChunk] = []
+        for key, (path, sent) in sorted(self._log_backlog.items()):
+            out.extend(read_log_chunks(key.job_id, key.attempt, path, sent, LOG_CHUNKS_PER_SYNC))
+        return out
+
     def _forget(self, a: _Attempt) -> None:
-        """The portal has the result: drop the attempt's directory."""
+        """The portal has the result: drop the attempt's directory (what of its log the portal
+        does not have yet goes on in later syncs)."""
+        if a.spec.node_rank == 0 and a.log_sent >= 0 and a.log_sent < _size(a.log_path):
+            self._log_backlog[a.key] = (a.log_path, a.log_sent)
         self._attempts.pop(a.key, None)
         shutil.rmtree(a.dir, ignore_errors=True)
 

@@ -721,6 +721,18 @@ class JobLaunch:
                 os.write(2, f"[cosched] the job cannot start: {exc}\n".encode(errors="replace"))
             raise
 
+    def drop_privileges(self) -> None:
+        """In a helper of the job (the ``tee`` of its output), after ``fork``: only the switch
+        (and the job's umask), so what it writes is the owner's, with the owner's rights."""
+        os.umask(0o077)
+        target = self.target
+        if target is not None:
+            os.setgroups(list(target.groups))
+            os.setresgid(target.gid, target.gid, target.gid)
+            os.setresuid(target.uid, target.uid, target.uid)
+            if os.getresuid() != (target.uid,) * 3:
+                raise OSError("the output copy did not drop its privileges")
+
     def _preexec(self, process: int) -> None:
         if self.client:
             return  # the container runtime applies the account and the limits

@@ -646,6 +646,34 @@ class LogTail:
 
 
 @dataclass(frozen=True, slots=True)
+class LogChunk:
+    """A piece of an attempt's full log (docs/job-control.md): ``offset`` is the byte offset
+    in the node's log file where ``text`` begins and ``size`` its length there in bytes (the
+    text is decoded, bytes that are not UTF-8 replaced); the portal keeps every chunk, in
+    order, once."""
+
+    job_id: int
+    attempt: int
+    offset: int
+    text: str
+    size: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return message_dict(self)
+
+    @classmethod
+    def read(cls, data: Any, path: str) -> LogChunk:
+        r = _Reader(data, path)
+        return cls(
+            r.int("job_id", minimum=1),
+            r.int("attempt", minimum=1),
+            r.int("offset", minimum=0),
+            r.str("text", limit=MAX_TEXT),
+            r.int("size", minimum=0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     """What a node is, as its agent sees it (registration). ``gpus``: one object per device
     with ``index`` and the ``Gpu`` row fields (``uuid``, ``model``, ``architecture``,
@@ -722,6 +750,7 @@ class SyncRequest:
     results: tuple[AttemptResult, ...] = ()
     samples: tuple[Sample, ...] = ()
     log_tails: tuple[LogTail, ...] = ()
+    log_chunks: tuple[LogChunk, ...] = ()
     info: NodeInfo | None = None
     checkpoints: tuple[int, ...] = ()
     version: int = PROTOCOL_VERSION
@@ -745,6 +774,7 @@ class SyncRequest:
             results=tuple(r.list("results", AttemptResult.read)),
             samples=tuple(r.list("samples", Sample.read)),
             log_tails=tuple(r.list("log_tails", LogTail.read)),
+            log_chunks=tuple(r.list("log_chunks", LogChunk.read)),
             checkpoints=tuple(r.list("checkpoints", _read_job_id)),
         )
 

@@ -72,6 +72,9 @@ import time
 
 from workers import isolation
 
+# coreutils' tee: the copy of a job's output to its owner's files (run as the owner).
+TEE = "/usr/bin/tee" if os.path.exists("/usr/bin/tee") else "/bin/tee"
+
 SPEC = "spec.json"
 RUNNER = "runner.json"
 JOB = "job.json"
@@ -181,6 +184,10 @@ class Runner:
         self._stop_asked = False
         self.proc: subprocess.Popen[bytes] | None = None  # the first (or only) process
         self.procs: list[subprocess.Popen[bytes]] = []
+        # ``tee`` copies of the output to the owner's files, and the write ends of
+        # their pipes (closed in the runner once the job has them).
+        self.tees: list[subprocess.Popen[bytes]] = []
+        self._pipes: list[int] = []
         self.started_at: float | None = None
         self.result: dict | None = None
         self.isolation = isolation.JobLaunch(None)
@@ -319,6 +326,7 @@ class Runner:
                 if iso.cgroup_error:
                     out.write(f"[cosched] no cgroup limits: {iso.cgroup_error}\n".encode())
                     out.flush()
+                stdout, stderr = self._output_streams(out, iso)
                 for number, extra in enumerate(ranks):
                     self.procs.append(
                         subprocess.Popen(
@@ -326,15 +334,17 @@ class Runner:
                             env=iso.env({**spec["env"], **extra}, str(spec["cwd"])),
                             cwd=spec["cwd"],
                             stdin=subprocess.DEVNULL,
-                            stdout=out,
-                            stderr=subprocess.STDOUT,
+                            stdout=stdout,
+                            stderr=stderr,
                             start_new_session=True,
                             close_fds=True,
                             # The runner has one thread: fork-safe.
                             preexec_fn=functools.partial(iso.preexec, number),
                         )
                     )
+            self._close_pipes()
         except (OSError, subprocess.SubprocessError, isolation.IsolationError) as exc:
+            self._close_pipes()
             for proc in self.procs:  # ranks already started go with the one that could not
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -354,6 +364,59 @@ class Runner:
             },
         )
         return True
+
+    def _output_streams(self, log: object, iso: object) -> tuple[object, object]:
+        """The job's stdout and stderr: the log itself, or pipes into ``tee -a`` processes run
+        as the job's owner (dropped like the job, umask 077: a new file is 0600), which copy to
+        the log and to the owner's output and error files (``output`` / ``error`` in the spec:
+        paths, relative to ``cwd``). What the owner may not write is not written: ``tee`` says
+        so in the log and goes on copying to it."""
+        output, error = self.spec.get("output"), self.spec.get("error")
+        if not output and not error:
+            return log, subprocess.STDOUT
+
+        def tee(path: str) -> int:
+            read_end, write_end = os.pipe()
+            self._pipes.append(write_end)
+            try:
+                self.tees.append(
+                    subprocess.Popen(
+                        [TEE, "-a", "--", str(path)],
+                        cwd=self.spec["cwd"],
+                        env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+                        stdin=read_end,
+                        stdout=log,
+                        stderr=log,
+                        start_new_session=True,
+                        close_fds=True,
+                        preexec_fn=iso.drop_privileges,  # type: ignore[attr-defined]
+                    )
+                )
+            finally:
+                os.close(read_end)
+            return write_end
+
+        stdout = tee(output) if output else log
+        stderr = tee(error) if error and error != output else subprocess.STDOUT
+        return stdout, stderr
+
+    def _close_pipes(self) -> None:
+        for fd in self._pipes:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._pipes = []
+
+    def _wait_tees(self, timeout: float = 5.0) -> None:
+        """The copies end when every process of the job closed its output; a process that
+        left the job and keeps it open does not hold the result back longer than ``timeout``."""
+        deadline = time.monotonic() + timeout
+        for tee in self.tees:
+            try:
+                tee.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    tee.kill()
+                tee.wait()
 
     def _job_stopped(self) -> bool:
         """Is the job's main process stopped (paused by SIGSTOP)? Paused time is not running
@@ -499,6 +562,7 @@ class Runner:
         # process of the job that left its process group).
         self._signal_group(signal.SIGKILL)
         self._podman("rm")  # a container whose client was killed: removed all the same
+        self._wait_tees()
         self.isolation.cleanup()
         if outcome == "exited":
             detail = f"{describe_status(code)} ({detail})" if detail else describe_status(code)

@@ -51,6 +51,8 @@ def cluster_metrics() -> int:
 
 @shared_task(name="cosched.metrics_retention", ignore_result=True)
 def metrics_retention() -> int:
+    from portal.core.joblogs import job_logs_prune
     from portal.core.metrics import metrics_prune
 
-    return metrics_prune(timedelta(days=float(settings.COSCHED["METRICS_RETENTION_DAYS"])))
+    pruned = metrics_prune(timedelta(days=float(settings.COSCHED["METRICS_RETENTION_DAYS"])))
+    return pruned + job_logs_prune()  # full job logs past COSCHED_LOG_RETENTION_DAYS

@@ -10,7 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from portal.core import selectors, services, validation
+from portal.core import jobcontrol, selectors, services, validation
 from portal.core.adapters import derived_classes
 from portal.core.importers import FORMATS, ProfileImportError, validate_profile_mapping
 from portal.core.models import (
@@ -132,6 +132,83 @@ class TimeLimitField(serializers.Field):
             return parse_duration(data)
         except DurationError as exc:
             raise serializers.ValidationError(str(exc)) from None
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string"},
+            {
+                "type": "array",
+                "items": {
+                    "oneOf": [
+                        {"type": "string"},
+                        {
+                            "type": "object",
+                            "properties": {
+                                "type": {
+                                    "type": "string",
+                                    "enum": list(jobcontrol.DEPENDENCY_TYPES),
+                                },
+                                "job": {"type": "integer"},
+                            },
+                        },
+                    ]
+                },
+            },
+        ],
+        "description": (
+            'jobs of yours this one waits for: Slurm\'s form ("afterok:812:813,after:900"; a '
+            'bare id is afterany) or a list of {"type", "job"}; read back as that list. after: '
+            "once the job started; afterok: completed; afternotok: failed or cancelled; "
+            "afterany: ended. A dependency that can never be met cancels this job"
+        ),
+    }
+)
+class DependenciesField(serializers.Field):
+    def to_representation(self, value: Any) -> list[dict[str, Any]]:
+        return list(value or [])
+
+    def to_internal_value(self, data: Any) -> list[dict[str, Any]]:
+        try:
+            return jobcontrol.parse_dependencies(data)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+@extend_schema_field(
+    {
+        "type": "string",
+        "description": (
+            'submit an array: task indices like "0-99", "1,3,5-7" or "0-15:4", optionally with '
+            '"%8" (at most 8 tasks placed at once); each task is a job with '
+            "COSCHED_ARRAY_TASK_ID set, the answer is the first task (array_job_id = its id)"
+        ),
+    }
+)
+class ArrayField(serializers.Field):
+    def to_representation(self, value: Any) -> Any:  # write only
+        return None
+
+    def to_internal_value(self, data: Any) -> jobcontrol.ArraySpec:
+        if not isinstance(data, str):
+            raise serializers.ValidationError('give a string like "0-99%8"')
+        try:
+            return jobcontrol.parse_array(data)
+        except ValueError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+class OutputPathField(serializers.CharField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(required=False, allow_blank=True, max_length=1000, **kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        problems = jobcontrol.output_path_errors(value)
+        if problems:
+            raise serializers.ValidationError(problems)
+        return value
 
 
 class PlacementSerializer(serializers.Serializer):
@@ -279,6 +356,33 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         help_text='why beside a final state: "time limit" for a job stopped at its time limit; '
         "else empty",
     )
+    dependencies = DependenciesField(required=False)
+    held = serializers.BooleanField(
+        required=False, help_text="submit held: it does not start until released"
+    )
+    array = ArrayField(required=False, write_only=True)
+    array_job_id = serializers.IntegerField(
+        source="array_of_id", read_only=True, allow_null=True, help_text="the array's first task"
+    )
+    array_index = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="COSCHED_ARRAY_TASK_ID of an array task"
+    )
+    array_limit = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="most tasks of the array placed at once"
+    )
+    user_paused = serializers.BooleanField(
+        read_only=True, help_text="paused by a person: stays PAUSED until a person resumes it"
+    )
+    output = OutputPathField(
+        source="output_path",
+        help_text=(
+            "where the job's output goes on the node: %j job id, %a array index, %u user, "
+            "%% a percent sign; relative to the work directory; empty: cosched-%j.out there"
+        ),
+    )
+    error = OutputPathField(
+        source="error_path", help_text="where standard error goes (same patterns); empty: output"
+    )
     owner = serializers.CharField(source="owner.get_username", read_only=True)
     project = serializers.CharField(
         required=False,
@@ -327,6 +431,15 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "elastic_value_per_hour",
             "max_global_batch",
             "time_limit",
+            "dependencies",
+            "held",
+            "array",
+            "array_job_id",
+            "array_index",
+            "array_limit",
+            "user_paused",
+            "output",
+            "error",
             "state",
             "owner",
             "project",
@@ -405,6 +518,35 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
                 values[field.source] = field.run_validation(data[field.field_name])
             except serializers.ValidationError:
                 failed.add(field.field_name)
+        return values
+
+
+class JobUpdateSerializer(RejectUnknownFieldsMixin, serializers.Serializer):
+    """What PATCH /api/v1/jobs/<id>/ may change while the job is PENDING."""
+
+    gpus = _bounded_int("gpus", required=False)
+    gpu_memory_mb = _bounded_int("gpu_memory_mb", required=False, allow_null=True)
+    cpus = _bounded_int("cpus", required=False)
+    memory_mb = _bounded_int("memory_mb", required=False, allow_null=True)
+    time_limit = TimeLimitField(source="time_limit_s", required=False, allow_null=True)
+    priority = _bounded_int("priority", required=False)
+    dependencies = DependenciesField(required=False)
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"detail": ["give a JSON object"]})
+        try:
+            values = super().to_internal_value(data)
+            errors: dict[str, Any] = {}
+        except serializers.ValidationError as exc:
+            errors, values = dict(exc.detail), {}
+        errors.update(getattr(self, "_unknown_errors", {}))
+        if errors:
+            raise serializers.ValidationError(errors)
+        if not values:
+            raise serializers.ValidationError(
+                {"detail": ["nothing to change: give " + ", ".join(self.fields)]}
+            )
         return values
 
 

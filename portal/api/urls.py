@@ -5,7 +5,12 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from portal.api import dashboard, schema, views  # noqa: F401  (schema registers the auth extension)
+from portal.api import (  # noqa: F401  (schema registers the auth extension)
+    dashboard,
+    joblogs,
+    schema,
+    views,
+)
 from portal.teams import views as teams_views
 
 router = DefaultRouter()
@@ -25,6 +30,7 @@ urlpatterns = [
     path("v1/gpus/<int:pk>/series/", dashboard.gpu_series, name="api-gpu-series"),
     path("v1/jobs/<int:pk>/series/", dashboard.job_series, name="api-job-series"),
     path("v1/jobs/<int:pk>/log/", dashboard.job_log, name="api-job-log"),
+    path("v1/jobs/<int:pk>/log/full/", joblogs.job_log_full, name="api-job-log-full"),
     path("v1/usage/", teams_views.usage, name="api-usage"),
     path("v1/projects/", teams_views.my_projects, name="api-projects"),
     path("v1/", include(router.urls)),

@@ -34,6 +34,7 @@ from portal.api.serializers import (
     ImportResultSerializer,
     JobDetailSerializer,
     JobSerializer,
+    JobUpdateSerializer,
     MeSerializer,
     NodeDownResultSerializer,
     NodeOperationSerializer,
@@ -49,6 +50,16 @@ from portal.core.states import IllegalTransition, JobState
 from portal.teams.selectors import can_control_job
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
+# Actions that change a job: its owner, its project's managers and staff only.
+CONTROL_ACTIONS = (
+    "cancel",
+    "pause",
+    "resume",
+    "hold",
+    "release",
+    "requeue",
+    "partial_update",
+)
 REPLAYED_HEADER = "Idempotent-Replayed"
 MAX_KEY_LENGTH = 200
 
@@ -86,6 +97,7 @@ idempotency_parameter = OpenApiParameter(
             ),
             OpenApiParameter("kind", str, enum=[k for k, _ in JOB_KINDS]),
             OpenApiParameter("search", str, description="substring of the job name"),
+            OpenApiParameter("array", int, description="the tasks of this array (its first id)"),
         ],
     ),
     retrieve=extend_schema(
@@ -108,7 +120,7 @@ class JobViewSet(
             return Job.objects.none()
         params = self.request.query_params
         try:
-            return selectors.jobs_visible_to(
+            qs = selectors.jobs_visible_to(
                 self.request.user,
                 state=params.getlist("state") or None,
                 kind=params.get("kind"),
@@ -116,15 +128,19 @@ class JobViewSet(
             )
         except DjangoValidationError as exc:
             raise _query_errors(exc) from None
+        array = params.get("array")
+        if array is not None and self.action == "list":
+            if not array.isdigit() or int(array) > 2**62:
+                raise ValidationError({"array": ["give the id of an array's first task"]})
+            qs = qs.filter(array_of_id=int(array)).order_by("array_index", "id")
+        return qs
 
     def get_serializer_class(self) -> Any:
         return JobDetailSerializer if self.action == "retrieve" else JobSerializer
 
     def get_object(self) -> Any:
         job = selectors.job_for_user(self.request.user, self.kwargs["pk"])
-        if self.action in ("cancel", "pause", "resume") and not can_control_job(
-            self.request.user, job
-        ):
+        if self.action in CONTROL_ACTIONS and not can_control_job(self.request.user, job):
             raise PermissionDenied(
                 f"job {job.pk} belongs to {job.owner.get_username()} in project "
                 f"{job.project}: only its owner, the project's managers and staff may change it"
@@ -236,7 +252,12 @@ class JobViewSet(
         actor = f"user:{request.user.get_username()}"
         service = services.job_pause if verb == "pause" else services.job_resume
         try:
-            job = service(job, actor=actor, message=f"{verb}d by {actor}")
+            if verb == "pause":
+                job = services.job_pause(
+                    job, actor=actor, message=f"paused by {actor}", by_user=True
+                )
+            else:
+                job = service(job, actor=actor, message=f"{verb}d by {actor}")
         except IllegalTransition as exc:
             needed = "RUNNING" if verb == "pause" else "PAUSED"
             return Response(
@@ -279,6 +300,104 @@ class JobViewSet(
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         return self._control(request, "resume")
+
+    def _conflict(self, job: Any, exc: IllegalTransition, needed: str, verb: str) -> Response:
+        return Response(
+            {
+                "detail": f"job {job.pk} is {exc.current}: only {needed} job can be {verb}",
+                "state": exc.current,
+            },
+            status=status.HTTP_409_CONFLICT,
+        )
+
+    def _answer(self, request: Request, job: Any) -> Response:
+        job = selectors.job_for_user(request.user, job.pk)
+        return Response(JobSerializer(job, context=self.get_serializer_context()).data)
+
+    @extend_schema(
+        summary="Hold a pending job",
+        description="A held job stays PENDING and is not started until released. "
+        "A job that is not PENDING is a 409.",
+        request=None,
+        responses={200: JobSerializer, 404: ErrorSerializer, 409: CancelConflictSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def hold(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        try:
+            job = services.job_hold(job, actor=f"user:{request.user.get_username()}")
+        except IllegalTransition as exc:
+            return self._conflict(job, exc, "a PENDING", "held")
+        return self._answer(request, job)
+
+    @extend_schema(
+        summary="Release a held job",
+        description="The job queues again as before. A job that is not held is a 409.",
+        request=None,
+        responses={200: JobSerializer, 404: ErrorSerializer, 409: CancelConflictSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        try:
+            job = services.job_release(job, actor=f"user:{request.user.get_username()}")
+        except IllegalTransition as exc:
+            return self._conflict(job, exc, "a held", "released")
+        return self._answer(request, job)
+
+    @extend_schema(
+        summary="Requeue a job (its owner)",
+        description=(
+            "Stops a SCHEDULED, RUNNING or PAUSED job (SIGTERM, then SIGKILL after the grace) "
+            "and puts it back in the queue; the attempt ends 'requeued'. Any other state is a "
+            "409."
+        ),
+        request=None,
+        responses={200: JobSerializer, 404: ErrorSerializer, 409: CancelConflictSerializer},
+    )
+    @action(detail=True, methods=["post"])
+    def requeue(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        try:
+            job = services.job_requeue(job, actor=f"user:{request.user.get_username()}")
+        except IllegalTransition as exc:
+            return self._conflict(job, exc, "a SCHEDULED, RUNNING or PAUSED", "requeued")
+        return self._answer(request, job)
+
+    @extend_schema(
+        summary="Change a pending job",
+        description=(
+            "Changes a PENDING job's resources (gpus, gpu_memory_mb, cpus, memory_mb), "
+            "time_limit, priority or dependencies; checked as a submission is (400 naming the "
+            "field). A job that is not PENDING is a 409."
+        ),
+        request=JobUpdateSerializer,
+        responses={
+            200: JobSerializer,
+            400: OpenApiResponse(OpenApiTypes.OBJECT, description="field -> list of messages"),
+            404: ErrorSerializer,
+            409: CancelConflictSerializer,
+        },
+    )
+    def partial_update(self, request: Request, pk: str | None = None) -> Response:
+        job = self.get_object()
+        body = JobUpdateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        try:
+            job = services.job_update(
+                job,
+                actor=f"user:{request.user.get_username()}",
+                owner=job.owner,
+                **body.validated_data,
+            )
+        except IllegalTransition as exc:
+            return self._conflict(job, exc, "a PENDING", "changed")
+        except DjangoValidationError as exc:
+            errors = exc.message_dict
+            if "time_limit_s" in errors:
+                errors["time_limit"] = errors.pop("time_limit_s")
+            raise ValidationError(errors) from None
+        return self._answer(request, job)
 
     @extend_schema(
         summary="Preempt a job (staff)",

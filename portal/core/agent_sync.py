@@ -276,6 +276,20 @@ def _apply_reports(
     for tail in request.log_tails:
         if (tail.job_id, tail.attempt) in current:
             effects.tails[tail.job_id] = tail.text
+    if request.log_chunks:
+        from portal.core.joblogs import log_chunks_store
+
+        # The full log, in this transaction: the agent moves on once the reply says so.
+        mine = {(k.job_id, k.attempt) for k in parts}
+        mine |= {
+            (c.job_id, c.attempt)
+            for c in request.log_chunks
+            if (c.job_id, c.attempt) not in mine
+            and PlacementPart.objects.filter(
+                node=node, placement__job_id=c.job_id, placement__attempt=c.attempt
+            ).exists()
+        }
+        log_chunks_store(request.log_chunks, mine)
     effects.samples = _samples(node, request, current)
     return acked
 
@@ -583,10 +597,27 @@ def _spec(
         owner=job.owner.get_username(),  # the node maps it to a unix account (isolation)
         memory_mb=job.memory_mb or None,
         time_limit_s=attempt_time_limit_s(job, placement.attempt),
-        env=training_env(job.pk, placement.attempt),
+        env={**training_env(job.pk, placement.attempt), **_job_control_env(job)},
         container_image=(job.container_image or "").strip(),
         **common,
     )
+
+
+def _job_control_env(job: Job) -> dict[str, str]:
+    """An array task's index and array (``COSCHED_ARRAY_TASK_ID``, ``COSCHED_ARRAY_JOB_ID``)
+    and where the runner writes its output (``COSCHED_OUTPUT`` / ``COSCHED_ERROR``: the job's
+    patterns with %j, %a, %u filled in; docs/job-control.md)."""
+    from portal.core.jobcontrol import expand_path
+
+    env: dict[str, str] = {}
+    if job.array_of_id is not None:
+        env["COSCHED_ARRAY_JOB_ID"] = str(job.array_of_id)
+        env["COSCHED_ARRAY_TASK_ID"] = str(job.array_index)
+    user = job.owner.get_username()
+    for name, pattern in (("COSCHED_OUTPUT", job.output_path), ("COSCHED_ERROR", job.error_path)):
+        if pattern:
+            env[name] = expand_path(pattern, job_id=job.pk, user=user, array_index=job.array_index)
+    return env
 
 
 # --- after the transaction ------------------------------------------------------------------------

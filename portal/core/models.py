@@ -345,6 +345,24 @@ class Job(models.Model):
         blank=True, help_text="why the scheduler left the job queued in its last cycle"
     )
 
+    # Job control (docs/job-control.md). ``held``: its owner holds it; the scheduler does not
+    # start it until released. ``user_paused``: a person paused it; no policy resumes it.
+    # ``dependencies``: [{"type": "afterok", "job": 812}, ...] on jobs of the same owner.
+    held = models.BooleanField(default=False)
+    user_paused = models.BooleanField(default=False)
+    dependencies = models.JSONField(default=list, blank=True)
+    # An array task: ``array_of`` is the array's first task (itself for the first one),
+    # ``array_index`` its COSCHED_ARRAY_TASK_ID, ``array_limit`` the most tasks placed at once.
+    array_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="array_tasks"
+    )
+    array_index = models.PositiveIntegerField(null=True, blank=True)
+    array_limit = models.PositiveIntegerField(null=True, blank=True)
+    # Where the runner writes the job's standard output / error on the node (%j, %a, %u, %%);
+    # empty: the work directory's cosched-%j.out (error: into the output file).
+    output_path = models.CharField(max_length=1000, blank=True)
+    error_path = models.CharField(max_length=1000, blank=True)
+
     # Idempotent submission: one job per (owner, key); the fingerprint catches key reuse.
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)
     idempotency_fingerprint = models.CharField(max_length=64, blank=True)
@@ -389,6 +407,24 @@ class Job(models.Model):
     @property
     def current_placement(self) -> Placement | None:
         return self.placements.filter(active=True).order_by("-id").first()
+
+
+class JobLogChunk(models.Model):
+    """A piece of an attempt's full output, in order (``seq``), as the node's agent streamed
+    it; kept ``COSCHED_LOG_RETENTION_DAYS`` after the job ends (``job_logs_prune``)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="log_chunks")
+    attempt = models.PositiveIntegerField()
+    seq = models.PositiveBigIntegerField(help_text="byte offset in the node's log file")
+    size = models.PositiveIntegerField(help_text="bytes of the node's log file it holds")
+    text = models.TextField()
+    at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["job", "attempt", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "seq"], name="log_chunk_unique")
+        ]
 
 
 class JobEvent(models.Model):

@@ -37,11 +37,11 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from portal.core import adapters, training
+from portal.core import adapters, jobcontrol, training
 from portal.core.models import Gpu, Job, JobEvent, Node, Placement, PlacementPart, PolicySettings
 from portal.core.outbox import emit_nudges
 from portal.core.prometheus import observe_decision_latency
-from portal.core.services import job_nodes, job_preempt, job_transition
+from portal.core.services import job_cancel, job_nodes, job_preempt, job_transition
 from portal.core.states import PLACED, IllegalTransition, JobState
 from portal.teams.accounting import accounts_snapshot
 from scheduler.domain import (
@@ -83,6 +83,12 @@ class Snapshot:
     gpu_ids: dict[tuple[str, int], int] = field(default_factory=dict)
     pending_ids: list[int] = field(default_factory=list)
     running_nodes: dict[int, set[str]] = field(default_factory=dict)  # job id -> its nodes
+    # Queued jobs the policy does not see (held, unmet dependency, array limit) and why, and
+    # jobs whose dependency can never be met (cancelled by the cycle) and why.
+    gated: dict[int, str] = field(default_factory=dict)
+    doomed: dict[int, str] = field(default_factory=dict)
+    # Jobs paused by a person: no policy action (resume, pause, requeue) applies to them.
+    user_paused: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -159,6 +165,10 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
         .prefetch_related("profile__gpu_times", "profile__memory_steps")
         .order_by("submitted_at", "id")[:MAX_PENDING_PER_CYCLE]
     )
+    # Held jobs, unmet dependencies and array limits are settled here, not in the policies.
+    gate = jobcontrol.gate_pending(pending_rows)
+    eligible = set(gate.eligible)
+    pending_rows = [j for j in pending_rows if j.pk in eligible]
 
     profiles: dict[int, Any] = {}
 
@@ -265,6 +275,9 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
         gpu_ids=gpu_ids,
         pending_ids=[j.pk for j in pending_rows],
         running_nodes=running_nodes,
+        gated=gate.waiting,
+        doomed=gate.doomed,
+        user_paused={p.job_id for p in placements if p.job.user_paused},
     )
 
 
@@ -517,6 +530,24 @@ def _store_waiting(snapshot: Snapshot, waiting: dict[str, str], placed: set[int]
         Job.objects.filter(pk__in=job_ids, state=JobState.PENDING).update(waiting_reason=reason)
 
 
+def _settle_gated(snapshot: Snapshot, actor: str) -> None:
+    """Store the reasons of the jobs the gate kept from the policy, and cancel those whose
+    dependency can never be met (``portal.core.jobcontrol``)."""
+    for job_id, reason in snapshot.doomed.items():
+        try:
+            job_cancel(Job(pk=job_id), actor=actor, message=reason)
+        except IllegalTransition:
+            continue  # cancelled or changed meanwhile
+        Job.objects.filter(pk=job_id).update(failure_reason=reason[:2000])
+    by_reason: dict[str, list[int]] = defaultdict(list)
+    for job_id, reason in snapshot.gated.items():
+        by_reason[reason[:2000]].append(job_id)
+    for reason, job_ids in by_reason.items():
+        Job.objects.filter(pk__in=job_ids, state=JobState.PENDING).exclude(
+            waiting_reason=reason
+        ).update(waiting_reason=reason)
+
+
 def active_policy_settings() -> PolicySettings:
     """The active ``PolicySettings`` row, locked for this transaction (created as fifo if none)."""
     row = PolicySettings.objects.select_for_update().filter(active=True).first()
@@ -643,6 +674,7 @@ def run_cycle(*, actor: str = "scheduler", seed: int | None = None) -> CycleResu
         snapshot = build_snapshot()
         state = snapshot.state
         result.pending = len(state.pending)
+        _settle_gated(snapshot, actor)
         if not state.pending and not state.running:
             result.seconds = time.perf_counter() - started
             return result
@@ -668,6 +700,10 @@ def run_cycle(*, actor: str = "scheduler", seed: int | None = None) -> CycleResu
                 result.placed.append(int(job.id))
                 to_nudge.update(decision.placement.nodes)
         for action in plan.actions:
+            if int(action.job_id) in snapshot.user_paused:
+                # Its owner paused it: it stays paused until they resume it (no policy
+                # resumes, pauses again or requeues it meanwhile).
+                continue
             to_nudge |= _apply_action(action, snapshot, actor)
             result.actions.append((action.kind.value, int(action.job_id)))
         waiting = dict(plan.waiting)

@@ -20,7 +20,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from portal.core import validation
+from portal.core import jobcontrol, validation
 from portal.core.importers import (
     ProfileImportConflict,
     ProfileImportError,
@@ -81,6 +81,8 @@ def job_transition(
             raise IllegalTransition(job.pk, current, target_state)
         now = timezone.now()
         updates: dict[str, Any] = {"state": target_state.value, **fields}
+        if target_state != JobState.PAUSED:
+            updates.setdefault("user_paused", False)  # a person's pause ends with the pause
         stamp = _STAMP.get(target_state)
         # A resume continues the run: started_at stays the first start (Slow-Down, JCT and the
         # memory plan's speed estimate all count from it).
@@ -222,7 +224,12 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
     from portal.teams.services import project_for_submission
 
     project_name = data.pop("project", None)
+    array: jobcontrol.ArraySpec | None = data.pop("array", None)
+    data["dependencies"] = list(data.get("dependencies") or [])
     errors = job_rule_errors(data)
+    problems = jobcontrol.dependency_errors(owner, data["dependencies"])
+    if problems:
+        errors.setdefault("dependencies", []).extend(problems)
     try:
         project = project_for_submission(owner, project_name)
     except ValidationError as exc:
@@ -239,6 +246,7 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
         fingerprint = _fingerprint(
             {k: (v.pk if isinstance(v, ApplicationProfile) else v) for k, v in data.items()}
             | ({"project": project.name} if project_name else {})
+            | ({"array": [list(array.indices), array.limit]} if array else {})
         )
         existing = Job.objects.filter(owner=owner, idempotency_key=idempotency_key).first()
         if existing is not None:
@@ -249,21 +257,23 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
         data["time_limit_s"] = default_limit  # the profile's default (after the fingerprint)
     try:
         with transaction.atomic():
+            note = validation.admission_note(data)
+            if array is not None:
+                data.update(array_index=array.indices[0], array_limit=array.limit)
             job = Job.objects.create(
                 owner=owner,
                 project=project,
                 idempotency_key=idempotency_key or None,
                 idempotency_fingerprint=fingerprint,
-                waiting_reason=validation.admission_note(data),
+                waiting_reason=note,
                 **data,
             )
+            actor = f"user:{owner.get_username()}"
             JobEvent.objects.create(
-                job=job,
-                from_state="",
-                to_state=JobState.PENDING,
-                actor=f"user:{owner.get_username()}",
-                message="submitted",
+                job=job, from_state="", to_state=JobState.PENDING, actor=actor, message="submitted"
             )
+            if array is not None:
+                _array_tasks_create(job, array, actor=actor, note=note, data=data)
             emit_schedule(f"job {job.pk} submitted")
     except IntegrityError:
         # A concurrent retry with the same key won the race: return its job.
@@ -274,6 +284,161 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
             raise IdempotencyConflict(existing) from None
         return existing, False
     return job, True
+
+
+def _array_tasks_create(
+    first: Job, array: jobcontrol.ArraySpec, *, actor: str, note: str, data: dict[str, Any]
+) -> None:
+    """The array's other tasks, in a few bulk INSERTs (one submission of 1,000 tasks takes
+    well under a second): copies of ``first`` with their own index; ``first`` is the array."""
+    Job.objects.filter(pk=first.pk).update(array_of=first)
+    first.array_of_id = first.pk
+    fields = {k: v for k, v in data.items() if k != "array_index"}
+    tasks = [
+        Job(
+            owner_id=first.owner_id,
+            project_id=first.project_id,
+            waiting_reason=note,
+            array_of_id=first.pk,
+            array_index=index,
+            **fields,
+        )
+        for index in array.indices[1:]
+    ]
+    created = Job.objects.bulk_create(tasks, batch_size=500)
+    JobEvent.objects.bulk_create(
+        (
+            JobEvent(
+                job_id=t.pk,
+                from_state="",
+                to_state=JobState.PENDING,
+                actor=actor,
+                message=f"submitted: task {t.array_index} of array {first.pk}",
+            )
+            for t in created
+        ),
+        batch_size=500,
+    )
+
+
+def job_hold(job: Job, *, actor: str) -> Job:
+    """Hold a PENDING job: the scheduler does not start it until ``job_release``. Any other
+    state raises ``IllegalTransition``."""
+    with transaction.atomic():
+        if not Job.objects.filter(pk=job.pk, state=JobState.PENDING).update(held=True):
+            current = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
+            raise IllegalTransition(job.pk, current, "held")
+        job.refresh_from_db()
+        job_note(job, actor=actor, message=f"held by {actor}")
+    return job
+
+
+def job_release(job: Job, *, actor: str) -> Job:
+    """Release a held job (it queues as before); a job that is not held raises
+    ``IllegalTransition``."""
+    with transaction.atomic():
+        if not Job.objects.filter(pk=job.pk, held=True).update(held=False, waiting_reason=""):
+            current = Job.objects.filter(pk=job.pk).values_list("state", flat=True).get()
+            raise IllegalTransition(job.pk, current, "released (it is not held)")
+        job.refresh_from_db()
+        job_note(job, actor=actor, message=f"released by {actor}")
+        emit_schedule(f"job {job.pk} released")
+    return job
+
+
+#: What the owner may change while a job is PENDING (``job_update``).
+EDITABLE_FIELDS = (
+    "gpus",
+    "gpu_memory_mb",
+    "cpus",
+    "memory_mb",
+    "time_limit_s",
+    "priority",
+    "dependencies",
+)
+
+
+def job_update(job: Job, *, actor: str, owner: Any, **changes: Any) -> Job:
+    """Change a PENDING job's resources, time limit, priority or dependencies. The result is
+    checked as a submission would be (``ValidationError`` per field); a job no longer PENDING
+    raises ``IllegalTransition``."""
+    unknown = sorted(set(changes) - set(EDITABLE_FIELDS))
+    if unknown:
+        raise ValidationError({name: ["cannot be changed after submission"] for name in unknown})
+    with transaction.atomic():
+        locked = (
+            Job.objects.select_for_update(of=("self",)).select_related("profile").get(pk=job.pk)
+        )
+        if locked.state != JobState.PENDING:
+            raise IllegalTransition(job.pk, locked.state, "edited")
+        merged = {
+            "name": locked.name,
+            "command": locked.command,
+            "container_image": locked.container_image,
+            "profile": locked.profile,
+            "kind": locked.kind,
+            "params": locked.params,
+            "elastic_min_workers": locked.elastic_min_workers,
+            "elastic_max_workers": locked.elastic_max_workers,
+            **{name: getattr(locked, name) for name in EDITABLE_FIELDS},
+            **changes,
+        }
+        errors = job_rule_errors(merged)
+        if "dependencies" in changes:
+            problems = jobcontrol.dependency_errors(
+                owner, changes["dependencies"] or [], job_id=job.pk
+            )
+            cycle = (
+                None
+                if problems
+                else jobcontrol.dependency_cycle(job.pk, changes["dependencies"] or [])
+            )
+            if cycle:
+                problems = [
+                    "a cycle: job "
+                    + " waits for job ".join(map(str, cycle))
+                    + f" waits for job {job.pk}"
+                ]
+            if problems:
+                errors.setdefault("dependencies", []).extend(problems)
+        errors = {k: v for k, v in errors.items() if k in changes} or errors
+        if errors:
+            raise ValidationError(errors)
+        before = {name: getattr(locked, name) for name in changes}
+        Job.objects.filter(pk=job.pk).update(waiting_reason="", **changes)
+        said = ", ".join(
+            f"{name} {before[name]!r} -> {value!r}"
+            for name, value in changes.items()
+            if before[name] != value
+        )
+        job.refresh_from_db()
+        job_note(job, actor=actor, message=f"edited by {actor}: {said or 'no change'}")
+        emit_schedule(f"job {job.pk} edited")
+    return job
+
+
+def job_requeue(job: Job, *, actor: str) -> Job:
+    """The owner puts a placed job (SCHEDULED, RUNNING or PAUSED) back in the queue: it is
+    stopped like a preemption (SIGTERM, then SIGKILL after the grace) and placed again later;
+    the attempt ends ``requeued``. Any other state raises ``IllegalTransition``."""
+    with transaction.atomic():
+        current = (
+            Job.objects.select_for_update().filter(pk=job.pk).values_list("state", flat=True).get()
+        )
+        if current not in (JobState.SCHEDULED, JobState.RUNNING, JobState.PAUSED):
+            raise IllegalTransition(job.pk, current, JobState.PENDING)
+        nodes = job_nodes(job.pk)
+        job = job_transition(
+            job,
+            JobState.PENDING,
+            actor=actor,
+            message=f"requeued by {actor}",
+            expected=current,
+            user_paused=False,
+        )
+        emit_nudges(nodes, f"job {job.pk} requeued")
+        emit_schedule(f"job {job.pk} requeued")
+    return job
 
 
 def job_nodes(job_id: int) -> set[str]:
@@ -327,11 +492,19 @@ def job_preempt(job: Job, *, actor: str, reason: str) -> Job:
     return job
 
 
-def job_pause(job: Job, *, actor: str, message: str = "paused") -> Job:
+def job_pause(job: Job, *, actor: str, message: str = "paused", by_user: bool = False) -> Job:
     """Pause a RUNNING job (SIGSTOP on its node at the agent's next sync; it keeps its GPU
-    memory and placement). Any other state raises ``IllegalTransition``."""
+    memory and placement). Any other state raises ``IllegalTransition``. ``by_user``: a person
+    paused it: it stays paused until resumed by a person (the cycle leaves it alone)."""
     with transaction.atomic():
-        job = job_transition(job, JobState.PAUSED, actor=actor, message=message, expected="RUNNING")
+        job = job_transition(
+            job,
+            JobState.PAUSED,
+            actor=actor,
+            message=message,
+            expected="RUNNING",
+            user_paused=by_user,
+        )
         emit_nudges(job_nodes(job.pk), f"job {job.pk} paused")
     return job
 
@@ -339,7 +512,14 @@ def job_pause(job: Job, *, actor: str, message: str = "paused") -> Job:
 def job_resume(job: Job, *, actor: str, message: str = "resumed") -> Job:
     """Resume a PAUSED job (SIGCONT on its node). Any other state raises ``IllegalTransition``."""
     with transaction.atomic():
-        job = job_transition(job, JobState.RUNNING, actor=actor, message=message, expected="PAUSED")
+        job = job_transition(
+            job,
+            JobState.RUNNING,
+            actor=actor,
+            message=message,
+            expected="PAUSED",
+            user_paused=False,
+        )
         emit_nudges(job_nodes(job.pk), f"job {job.pk} resumed")
     return job
 

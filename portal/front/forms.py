@@ -9,7 +9,7 @@ from typing import Any
 
 from django import forms
 
-from portal.core import selectors, services, validation
+from portal.core import jobcontrol, selectors, services, validation
 from portal.core.models import JOB_KINDS, ApplicationProfile
 from portal.core.states import JobState
 
@@ -178,6 +178,30 @@ class JobSubmitForm(forms.Form):
         required=False,
         help_text="The project (team) the job is accounted to; its members see the job.",
     )
+    # Job control (docs/job-control.md)
+    dependencies = forms.CharField(
+        required=False,
+        max_length=2000,
+        help_text="Jobs of yours to wait for, e.g. afterok:812 (also after, afternotok, afterany).",
+    )
+    array = forms.CharField(
+        required=False,
+        max_length=200,
+        help_text='An array of tasks: "0-99%8" = 100 tasks, at most 8 at once; each gets '
+        "COSCHED_ARRAY_TASK_ID.",
+    )
+    held = forms.BooleanField(
+        required=False, label="Submit held", help_text="It does not start until you release it."
+    )
+    output = forms.CharField(
+        required=False,
+        max_length=1000,
+        help_text="Output file in the work directory or an absolute path: %j job id, %a array "
+        "index, %u user. Blank: cosched-%j.out.",
+    )
+    error = forms.CharField(
+        required=False, max_length=1000, help_text="Standard error file. Blank: with the output."
+    )
     # One per rendered form: a double-click or a resent POST returns the same job.
     submit_token = forms.CharField(widget=forms.HiddenInput, required=False)
 
@@ -210,6 +234,27 @@ class JobSubmitForm(forms.Form):
             return parse_duration(text)
         except DurationError as exc:
             raise forms.ValidationError(str(exc)) from None
+
+    def clean_dependencies(self) -> list[dict[str, Any]]:
+        try:
+            return jobcontrol.parse_dependencies(self.cleaned_data.get("dependencies") or "")
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_array(self) -> jobcontrol.ArraySpec | None:
+        text = (self.cleaned_data.get("array") or "").strip()
+        if not text:
+            return None
+        try:
+            return jobcontrol.parse_array(text)
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_output(self) -> str:
+        return _output_path(self.cleaned_data.get("output") or "")
+
+    def clean_error(self) -> str:
+        return _output_path(self.cleaned_data.get("error") or "")
 
     def clean(self) -> dict[str, Any]:
         """Add the service's business-rule errors to the type errors, so one round trip
@@ -261,7 +306,68 @@ class JobSubmitForm(forms.Form):
         fields["command"] = fields["command"] or ""
         fields["container_image"] = fields["container_image"] or ""
         fields["project"] = self.cleaned_data.get("project") or None
+        fields["dependencies"] = cd.get("dependencies") or []
+        fields["held"] = bool(cd.get("held"))
+        fields["output_path"] = cd.get("output") or ""
+        fields["error_path"] = cd.get("error") or ""
+        if cd.get("array"):
+            fields["array"] = cd["array"]
         return fields
+
+
+def _output_path(value: str) -> str:
+    problems = jobcontrol.output_path_errors(value.strip())
+    if problems:
+        raise forms.ValidationError(problems)
+    return value.strip()
+
+
+class JobEditForm(forms.Form):
+    """What may change while a job is PENDING (``services.job_update``)."""
+
+    gpus = _bounded("gpus", label="GPUs")
+    gpu_memory_mb = _bounded("gpu_memory_mb", label="GPU memory (MB)", required=False)
+    cpus = _bounded("cpus", label="CPUs")
+    memory_mb = _bounded("memory_mb", label="Memory (MB)", required=False)
+    time_limit = forms.CharField(required=False, max_length=40, help_text="Blank: none.")
+    priority = _bounded("priority")
+    dependencies = forms.CharField(
+        required=False, max_length=2000, help_text="e.g. afterok:812; blank: none."
+    )
+
+    @classmethod
+    def initial_of(cls, job: Any) -> dict[str, Any]:
+        return {
+            "gpus": job.gpus,
+            "gpu_memory_mb": job.gpu_memory_mb,
+            "cpus": job.cpus,
+            "memory_mb": job.memory_mb,
+            "time_limit": job.time_limit_s or "",
+            "priority": job.priority,
+            "dependencies": jobcontrol.dependencies_text(job.dependencies or []),
+        }
+
+    def clean_time_limit(self) -> int | None:
+        from scheduler.durations import DurationError, parse_duration
+
+        text = (self.cleaned_data.get("time_limit") or "").strip()
+        if not text:
+            return None
+        try:
+            return parse_duration(text)
+        except DurationError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def clean_dependencies(self) -> list[dict[str, Any]]:
+        try:
+            return jobcontrol.parse_dependencies(self.cleaned_data.get("dependencies") or "")
+        except ValueError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+    def changes(self) -> dict[str, Any]:
+        cd = dict(self.cleaned_data)
+        cd["time_limit_s"] = cd.pop("time_limit")
+        return cd
 
 
 class JobFilterForm(forms.Form):

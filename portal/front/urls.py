@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from portal.front import views
+from portal.front import job_control_views, views
 from portal.teams import views as teams_views
 
 urlpatterns = [
@@ -13,6 +13,13 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.job_detail, name="job_detail"),
     path("jobs/<int:job_id>/cancel/", views.job_cancel_view, name="job_cancel"),
     path("jobs/<int:job_id>/preempt/", views.job_preempt_view, name="job_preempt"),
+    path("jobs/<int:job_id>/edit/", job_control_views.job_edit, name="job_edit"),
+    path(
+        "jobs/<int:job_id>/<str:verb>/",
+        job_control_views.job_control_view,
+        name="job_control",
+    ),
+    path("jobs/array/<int:array_id>/", job_control_views.job_array, name="job_array"),
     path("profiles/", views.profiles, name="profiles"),
     path("profiles/<int:profile_id>/", views.profile_detail, name="profile_detail"),
     path("cluster/", views.cluster, name="cluster"),

@@ -134,6 +134,8 @@ def job_new(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Job #{job.pk} submitted; it is {job.state}.{note}")
             else:
                 messages.info(request, f"This form was already submitted as job #{job.pk}.")
+            if job.array_of_id is not None:
+                return redirect("job_array", array_id=job.array_of_id)
             return redirect("job_detail", job_id=job.pk)
     return render(request, "front/job_new.html", {"form": form}, status=400)
 
@@ -154,6 +156,7 @@ def job_detail(request: HttpRequest, job_id: int) -> HttpResponse:
             "elastic_changes": list(job.elastic_changes.all()),
             "ratio_changes": list(job.ratio_changes.all()),
             "can_cancel": not job.is_terminal and can_control_job(request.user, job),
+            "can_control": can_control_job(request.user, job),
             "can_preempt": request.user.is_staff and job.state in PLACED,
             "admin_url": _admin_url("core_job_change", job.pk) if request.user.is_staff else None,
         },

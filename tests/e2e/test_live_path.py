@@ -105,6 +105,11 @@ def test_submit_runs_to_completion_with_metrics(cluster, user_token):
     assert MetricSample.objects.filter(gpu__node__name=GPU_NODE, metric="util_pct").exists()
     code, data = cluster.api("GET", f"/api/v1/jobs/{job_id}/", token)
     assert code == 200 and data["state"] == "COMPLETED"
+    # The whole log reached the portal over the agent's HTTP syncs (docs/job-control.md).
+    from portal.core.models import JobLogChunk
+
+    full = "".join(JobLogChunk.objects.filter(job_id=job_id).values_list("text", flat=True))
+    assert "@cosched" in full and full.count("@cosched") >= 5, full[-2000:]
 
 
 def test_failing_command_is_failed_with_its_exit_code(cluster, user_token):
