@@ -198,11 +198,27 @@ if REDIS_URL:
             "BACKEND": "portal.core.cache.ResilientRedisCache",
             "LOCATION": REDIS_URL,
             "KEY_PREFIX": "cosched-cache",
-            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
+            # JSON, never pickle: whoever writes into Redis must not run code in the portal
+            # (docs/security.md); a value that is not our JSON reads as a miss.
+            "OPTIONS": {
+                "socket_connect_timeout": 1,
+                "socket_timeout": 2,
+                "serializer": "portal.core.cache.JSONSerializer",
+            },
         }
     }
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
+# Every message is signed JSON (portal.core.signed_messages): a worker accepts nothing else,
+# so a task pushed into Redis by anyone but the portal is dropped, and pickle is never read.
+# Protocol 1 puts the task's name inside the signed body.
+CELERY_SIGNING_KEY = envstr("COSCHED_CELERY_SIGNING_KEY")
+CELERY_TASK_PROTOCOL = 1
+CELERY_TASK_SERIALIZER = "cosched-signed-json"
+CELERY_RESULT_SERIALIZER = "cosched-signed-json"
+CELERY_EVENT_SERIALIZER = "cosched-signed-json"
+CELERY_ACCEPT_CONTENT = ["application/x-cosched-signed+json"]
+CELERY_RESULT_ACCEPT_CONTENT = ["application/x-cosched-signed+json"]
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True

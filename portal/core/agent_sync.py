@@ -611,19 +611,17 @@ def _samples(node: Node, request: SyncRequest, current: set[tuple[int, int]]) ->
 
 def _after(node: Node, effects: _Effects) -> None:
     """Metrics, log tails and the outbox relay: best effort, after the lease was renewed."""
-    from portal.core.metrics import log_tail_store, metrics_record
+    from portal.core.metrics import log_tails_store, metrics_record
 
     try:
         if effects.samples:
             metrics_record(effects.samples)
     except Exception as exc:
         log.warning("node %s: metrics not recorded: %s", node.name, exc)
-    for job_id, text in effects.tails.items():
-        try:
-            log_tail_store(job_id, text)
-        except Exception as exc:
-            log.warning("node %s: log tail of job %s not stored: %s", node.name, job_id, exc)
-            break
+    try:
+        log_tails_store(effects.tails)
+    except Exception as exc:
+        log.warning("node %s: log tails not stored: %s", node.name, exc)
     global _last_relay_check
     now = time.monotonic()
     if now - _last_relay_check < RELAY_CHECK_EVERY_S:
