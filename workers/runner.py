@@ -151,6 +151,61 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): a
+    descendant whose parent dies is re-parented to it, not to init, so the job's processes
+    stay in its tree even when they leave the job's session (``setsid``, a double fork).
+    False where the call is not available."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every process below ``root`` (pid -> state letter), walking /proc's parent links."""
+    parent: dict[int, int] = {}
+    state: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = _stat_fields(name)
+        if not fields:
+            continue
+        try:
+            parent[int(name)] = int(fields[1])
+        except (IndexError, ValueError):
+            continue
+        state[int(name)] = fields[0]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    out: dict[int, str] = {}
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        if pid in out:
+            continue
+        out[pid] = state[pid]
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def _children(pid: int) -> list[int] | None:
+    """The direct children of ``pid`` (``/proc/<pid>/task/<pid>/children``), or None."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return None
+
+
 def lease_deadline(lease_file: str, fallback: float) -> tuple[float, float]:
     """(deadline in ``lease_clock`` s, kill grace in s) from the lease file, else ``fallback``."""
     data = read_json(lease_file)
@@ -360,9 +415,49 @@ class Runner:
         return bool(fields) and fields[0] in ("T", "t")
 
     def _signal_group(self, signum: int) -> None:
+        """``signum`` to the job's process groups and to every other process below the runner
+        (those that left the groups: ``setsid``, adopted orphans)."""
         for proc in self.procs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signum)
+        for pid, state in descendants(os.getpid()).items():
+            if state not in ("Z", "X"):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
+
+    def _reap_adopted(self) -> None:
+        """Collect the exit status of orphans re-parented to the runner (it is their
+        subreaper), so none stays a zombie; the job's own processes are left to ``procs``."""
+        ours = {p.pid for p in self.procs}
+        me = os.getpid()
+        children = _children(me)
+        if children is None:  # no /proc/<pid>/task/<tid>/children: the slower walk
+            children = [p for p, st in descendants(me).items() if st == "Z"]
+        for pid in children:
+            if pid not in ours:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, os.WNOHANG)
+
+    def _sweep(self, timeout: float = 10.0) -> int:
+        """End of the attempt: SIGKILL every process still below the runner, escaped sessions
+        included, until none is left (or ``timeout``: one stuck in the kernel). Returns how
+        many processes it killed."""
+        me = os.getpid()
+        killed: set[int] = set()
+        deadline = time.monotonic() + timeout
+        while True:
+            for proc in self.procs:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            alive = {p for p, st in descendants(me).items() if st not in ("Z", "X")}
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            killed |= alive - {p.pid for p in self.procs}
+            self._reap_adopted()
+            if not alive or time.monotonic() >= deadline:
+                return len(killed)
+            time.sleep(0.01)
 
     def _status(self) -> int | None:
         """The job's status once it has ended: every rank exited (the first failure's status,
@@ -420,6 +515,7 @@ class Runner:
 
     def run(self) -> int:
         me = os.getpid()
+        become_subreaper()
         write_json(self._path(RUNNER), {"pid": me, "start_ticks": start_ticks(me)})
         self._install_signals()
         if self.lease_expired():
@@ -442,6 +538,7 @@ class Runner:
         running_s, last = 0.0, time.monotonic()
         while True:
             code = self._wait(CHECK_EVERY_S, pidfd)
+            self._reap_adopted()
             if code is not None:
                 if code != 0 and len(self.procs) > 1:
                     failed = next(i for i, p in enumerate(self.procs) if p.poll() == code)
@@ -469,10 +566,16 @@ class Runner:
                 detail = "the node's lease ran out without renewal: the runner stopped the job"
                 code = self._stop(self.lease()[1], pidfd)
                 break
-        # Children that outlived the job's main process go with it (and, with a cgroup, any
-        # process of the job that left its process group).
-        self._signal_group(signal.SIGKILL)
+        # No process outlives its attempt: whatever is left below the runner goes now, the
+        # processes that left the job's session too (they were re-parented to the runner, its
+        # subreaper), and, with a cgroup, anything else in it. ``ended_at`` is taken after.
+        escaped = self._sweep()
         self.isolation.cleanup()
+        if escaped:
+            with contextlib.suppress(OSError), open(str(self.spec["log"]), "ab") as out:
+                out.write(
+                    f"[cosched] {escaped} process(es) left when the job ended: killed\n".encode()
+                )
         if outcome == "exited":
             detail = f"{describe_status(code)} ({detail})" if detail else describe_status(code)
         else:

@@ -292,6 +292,7 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
     if not won:
         return  # recorded already: a repeat (the acknowledgement was lost)
     placement = part.placement
+    _released_when_it_died(placement, result, now)
     job = (
         Job.objects.filter(pk=placement.job_id)
         .only(
@@ -352,6 +353,17 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
         _finish(job, JobState.PENDING, actor, f"{where}{rank} ended: {result.detail}")
     emit_nudges({p.node.name for p in placement.parts.all()} - {node.name}, f"job {job.pk} ended")
     emit_schedule(f"job {job.pk} finished")
+
+
+def _released_when_it_died(placement: Placement, result: AttemptResult, now: datetime) -> None:
+    """An attempt ended by the portal (preempted, cancelled, requeued) was marked released when
+    the portal decided it; its processes died later (SIGTERM, the grace, SIGKILL, the runner's
+    sweep of what was left). The runner's ``ended_at`` is when its last process died: the
+    attempt's end moves there (never past now, never before the decision)."""
+    died = min(datetime.fromtimestamp(result.ended_at, UTC), now)
+    Placement.objects.filter(pk=placement.pk, active=False, released_at__lt=died).update(
+        released_at=died
+    )
 
 
 def _time_limit_reason(job: Job, attempt: int, detail: str) -> str:

@@ -182,10 +182,9 @@ def _store() -> _LocalStore | _RedisStore:
 
 
 def metrics_store_clear() -> None:
-    """Forget every latest value in the active store and every log tail (tests, ``flush``
-    tools)."""
+    """Forget every latest value in the active store (tests, ``flush`` tools). Log tails are
+    rows (``JobLogTail``): a database flush removes them."""
     _store().clear()
-    JobLogTail.objects.all().delete()
 
 
 # --- recording ----------------------------------------------------------------------------------
