@@ -169,7 +169,47 @@ def become_subreaper() -> bool:
 
 
 def descendants(root: int) -> dict[int, str]:
-    """Every process below ``root`` (pid -> state letter), walking /proc's parent links."""
+    """Every process below ``root`` (pid -> state letter): through each process's
+    ``/proc/<pid>/task/<tid>/children`` (a few reads for a job's tree), else by reading every
+    process's parent in /proc."""
+    out: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        kids = _task_children(pid)
+        if kids is None:
+            if pid == root:
+                return _descendants_by_scan(root)
+            continue  # it went meanwhile
+        for kid in kids:
+            if kid not in out:
+                fields = _stat_fields(kid)
+                if fields:
+                    out[kid] = fields[0]
+                    todo.append(kid)
+    return out
+
+
+def _task_children(pid: int) -> list[int] | None:
+    """The children of every thread of ``pid``, or None without /proc/<pid>/task/*/children."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    kids: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                kids.extend(int(c) for c in f.read().split())
+        except FileNotFoundError:
+            if tid == str(pid):
+                return None  # no children files on this kernel (or the process went)
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
+def _descendants_by_scan(root: int) -> dict[int, str]:
     parent: dict[int, int] = {}
     state: dict[int, str] = {}
     for name in os.listdir("/proc"):

@@ -175,6 +175,17 @@ def test_no_pickle_is_accepted_anywhere():
         JSONSerializer().loads(pickle.dumps({"a": 1}))
 
 
+def test_the_cache_serializer_reads_only_its_own_json():
+    serializer = JSONSerializer()
+    for value in ([1712000000.5, 1712000001.25], {"a": [1, "b"]}, "text", True, None, 2.5):
+        assert serializer.loads(serializer.dumps(value)) == value
+    assert serializer.dumps(7) == 7  # a Redis integer: incr stays atomic
+    assert serializer.loads(b"7") == 7
+    for garbage in (pickle.dumps([1.0]), b"\xff\xfe\x00", b"{not json", b""):
+        with pytest.raises(UnreadableValue):
+            serializer.loads(garbage)
+
+
 # --- (a) a pickle in the rate limiter's cache -----------------------------------------------------
 
 

@@ -353,10 +353,9 @@ def test_a_grandchild_that_left_the_session_goes_with_the_attempt(attempts, tmp_
     assert result["outcome"] == expected
     # Gone when the result is written, not later: the runner swept it first.
     assert _gone(escaped), f"pid {escaped} outlived its attempt"
-    # A stop sends SIGTERM to it as well (its time to checkpoint); after a plain exit the
-    # runner finds it left and kills it, and says so in the log.
-    swept = "left when the job ended: killed" in a.log.read_text()
-    assert swept == (how == "exit")
+    # After a plain exit nobody signalled it: the runner's sweep found it, and says so in the
+    # log (after a stop it got the SIGTERM with the job, and may be gone before the sweep).
+    assert how != "exit" or "left when the job ended: killed" in a.log.read_text()
 
 
 def test_an_orphan_reparented_to_the_runner_is_reaped_while_the_job_runs(attempts, tmp_path):
