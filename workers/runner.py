@@ -485,10 +485,10 @@ class Runner:
         me = os.getpid()
         killed: set[int] = set()
         deadline = time.monotonic() + timeout
+        for proc in self.procs:  # once: a group emptied since may see its id reused
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
         while True:
-            for proc in self.procs:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
             alive = {p for p, st in descendants(me).items() if st not in ("Z", "X")}
             for pid in alive:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
