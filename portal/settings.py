@@ -152,8 +152,8 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "portal.api.limits.exception_handler",
     # Per user (a session or any of its tokens) and per token; anonymous callers per address.
     "DEFAULT_THROTTLE_CLASSES": [
-        "rest_framework.throttling.AnonRateThrottle",
-        "rest_framework.throttling.UserRateThrottle",
+        "portal.api.throttles.AnonThrottle",
+        "portal.api.throttles.UserThrottle",
         "portal.api.throttles.TokenRateThrottle",
     ],
     "DEFAULT_THROTTLE_RATES": {

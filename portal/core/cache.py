@@ -108,3 +108,27 @@ class ResilientRedisCache(RedisCache):
         except _errors() as exc:
             _unavailable(exc)
             return False
+
+
+class CheckedHistoryCache:
+    """The default cache as DRF's throttles use it (``portal.api.throttles``), except that a
+    request history that is not a list of numbers reads as none: a value someone else wrote
+    into Redis may be any JSON, and DRF would answer 500 comparing it with the time."""
+
+    def get(self, key: Any, default: Any = None, version: Any = None) -> Any:
+        from django.core.cache import cache
+
+        value = cache.get(key, default, version)
+        if isinstance(value, list) and all(type(t) in (int, float) for t in value):
+            return value  # bool and str are not numbers here
+        if value is not default:
+            _unreadable(key, UnreadableValue("not a list of request times"))
+        return default
+
+    def __getattr__(self, name: str) -> Any:
+        from django.core.cache import cache
+
+        return getattr(cache, name)
+
+
+CHECKED_CACHE = CheckedHistoryCache()

@@ -212,14 +212,24 @@ def test_a_pickle_in_the_rate_limiters_key_runs_nothing(target, settings, client
     keys = [k.decode() for k in attacker.keys("cosched-cache:*throttle_anon*")]
     assert keys, "the anonymous rate limiter keeps no key in Redis: nothing to attack"
     marker = tmp_path / "pwned"
-    for key in keys:
-        attacker.set(key, pickle.dumps(_Payload(marker)))
-    for _ in range(3):
+    poisons = [
+        pickle.dumps(_Payload(marker)),  # code, were it unpickled
+        b"\xff garbage",
+        b'"a string"',  # JSON, but not a request history: DRF would compare it with the time
+        b'{"a": 1}',
+        b'["x", 1]',
+        b"12",  # a Redis integer
+    ]
+    for poison in poisons:
+        for key in keys:
+            attacker.set(key, poison)
         response = client.get("/api/schema/")
-        assert response.status_code == 200, response.content  # answered, not a 500
+        assert response.status_code == 200, (poison, response.content)  # answered, not a 500
         assert not marker.exists(), "the cached pickle ran in the portal"
-    # The poisoned value read as a miss and was replaced by the limiter's own JSON.
-    assert all(json.loads(attacker.get(k)) for k in keys)
+        # The poisoned value read as a miss and was replaced by the limiter's own JSON.
+        for key in keys:
+            history = json.loads(attacker.get(key))
+            assert isinstance(history, list) and all(isinstance(t, float) for t in history)
 
 
 # --- (b) log tails ------------------------------------------------------------------------------
