@@ -203,19 +203,40 @@ SPECTACULAR_SETTINGS = {
 REDIS_URL = envstr("REDIS_URL")
 # The cache holds the API's rate-limit counters: in Redis when there is one, so every web
 # worker counts together; in process memory for the embedded default.
-if REDIS_URL:
-    CACHES = {
-        "default": {
-            # Django's Redis cache, but reads miss and writes are dropped while Redis is down:
-            # the API must keep working then (docs/reliability.md).
-            "BACKEND": "portal.core.cache.ResilientRedisCache",
-            "LOCATION": REDIS_URL,
-            "KEY_PREFIX": "cosched-cache",
-            "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 2},
-        }
+
+
+def redis_cache(url: str) -> dict:
+    """The cache of a deployment with Redis at ``url``."""
+    return {
+        # Django's Redis cache, but reads miss and writes are dropped while Redis is down:
+        # the API must keep working then (docs/reliability.md).
+        "BACKEND": "portal.core.cache.ResilientRedisCache",
+        "LOCATION": url,
+        "KEY_PREFIX": "cosched-cache",
+        # JSON, never pickle: whoever writes into Redis must not run code in the portal
+        # (docs/security.md); a value that is not our JSON reads as a miss.
+        "OPTIONS": {
+            "socket_connect_timeout": 1,
+            "socket_timeout": 2,
+            "serializer": "portal.core.cache.JSONSerializer",
+        },
     }
+
+
+if REDIS_URL:
+    CACHES = {"default": redis_cache(REDIS_URL)}
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = None
+# Every message is signed JSON (portal.core.signed_messages): a worker accepts nothing else,
+# so a task pushed into Redis by anyone but the portal is dropped, and pickle is never read.
+# Protocol 1 puts the task's name inside the signed body.
+CELERY_SIGNING_KEY = envstr("COSCHED_CELERY_SIGNING_KEY")
+CELERY_TASK_PROTOCOL = 1
+CELERY_TASK_SERIALIZER = "cosched-signed-json"
+CELERY_RESULT_SERIALIZER = "cosched-signed-json"
+CELERY_EVENT_SERIALIZER = "cosched-signed-json"
+CELERY_ACCEPT_CONTENT = ["application/x-cosched-signed+json"]
+CELERY_RESULT_ACCEPT_CONTENT = ["application/x-cosched-signed+json"]
 CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_EAGER_PROPAGATES = True
 CELERY_TASK_ACKS_LATE = True

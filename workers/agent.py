@@ -201,6 +201,7 @@ class _Attempt:
     mig_uuid: str | None = None
     tail_size: int = -1  # log size when its tail was last sent
     log_sent: int = -1  # bytes of the log the portal has in full (-1: from log_offset on)
+    sending_tail_size: int = -1  # log size when the tail in the request in flight was read
     progress: float | None = None
     iters_done: int | None = None
     iters_total: int | None = None
@@ -575,6 +576,7 @@ class NodeAgent:
             size = _size(a.log_path)
             if size != a.tail_size and not light and a.spec.node_rank == 0:
                 tails.append(LogTail(a.job_id, a.spec.attempt, tail(a.log_path, LOG_TAIL_BYTES)))
+                a.sending_tail_size = size  # what the portal has once this request went through
         checkpoints: tuple[int, ...] = ()
         due = time.monotonic() - self._last_checkpoint_report >= self.checkpoint_report_every_s
         if not light and due:
@@ -660,7 +662,8 @@ class NodeAgent:
         sent_tails = {(t.job_id, t.attempt) for t in request.log_tails}
         for a in self._attempts.values():
             if (a.job_id, a.spec.attempt) in sent_tails:
-                a.tail_size = _size(a.log_path)
+                # The size when the tail was read: output written since goes with the next.
+                a.tail_size = a.sending_tail_size
         for key in reply.acked:
             a = self._attempts.get(key)
             if a is not None and a.result is not None:

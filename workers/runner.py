@@ -157,6 +157,101 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def become_subreaper() -> bool:
+    """Make this process a child subreaper (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): a
+    descendant whose parent dies is re-parented to it, not to init, so the job's processes
+    stay in its tree even when they leave the job's session (``setsid``, a double fork).
+    False where the call is not available."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every process below ``root`` (pid -> state letter): through each process's
+    ``/proc/<pid>/task/<tid>/children`` (a few reads for a job's tree), else by reading every
+    process's parent in /proc."""
+    out: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        kids = _task_children(pid)
+        if kids is None:
+            if pid == root:
+                return _descendants_by_scan(root)
+            continue  # it went meanwhile
+        for kid in kids:
+            if kid not in out:
+                fields = _stat_fields(kid)
+                if fields:
+                    out[kid] = fields[0]
+                    todo.append(kid)
+    return out
+
+
+def _task_children(pid: int) -> list[int] | None:
+    """The children of every thread of ``pid``, or None without /proc/<pid>/task/*/children."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    kids: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", encoding="ascii") as f:
+                kids.extend(int(c) for c in f.read().split())
+        except FileNotFoundError:
+            if tid == str(pid):
+                return None  # no children files on this kernel (or the process went)
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
+def _descendants_by_scan(root: int) -> dict[int, str]:
+    parent: dict[int, int] = {}
+    state: dict[int, str] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        fields = _stat_fields(name)
+        if not fields:
+            continue
+        try:
+            parent[int(name)] = int(fields[1])
+        except (IndexError, ValueError):
+            continue
+        state[int(name)] = fields[0]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    out: dict[int, str] = {}
+    todo = list(children.get(root, ()))
+    while todo:
+        pid = todo.pop()
+        if pid in out:
+            continue
+        out[pid] = state[pid]
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+def _children(pid: int) -> list[int] | None:
+    """The direct children of ``pid`` (``/proc/<pid>/task/<pid>/children``), or None."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
+            return [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return None
+
+
 def lease_deadline(lease_file: str, fallback: float) -> tuple[float, float]:
     """(deadline in ``lease_clock`` s, kill grace in s) from the lease file, else ``fallback``."""
     data = read_json(lease_file)
@@ -426,9 +521,58 @@ class Runner:
         return bool(fields) and fields[0] in ("T", "t")
 
     def _signal_group(self, signum: int) -> None:
+        """``signum`` to the job's process groups and to every other process below the runner
+        (those that left the groups: ``setsid``, adopted orphans)."""
         for proc in self.procs:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signum)
+        spared = self._spared()
+        for pid, state in descendants(os.getpid()).items():
+            if state not in ("Z", "X") and pid not in spared:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
+
+    def _spared(self) -> set[int]:
+        """The runner's own helpers below it (the owner's output copies, ``tee``): they end
+        when the job's output closes, after the last of it is written."""
+        return {tee.pid for tee in getattr(self, "tees", ()) if tee.poll() is None}
+
+    def _reap_adopted(self) -> None:
+        """Collect the exit status of orphans re-parented to the runner (it is their
+        subreaper), so none stays a zombie; the job's own processes are left to ``procs``."""
+        ours = {p.pid for p in self.procs} | {t.pid for t in getattr(self, "tees", ())}
+        me = os.getpid()
+        children = _children(me)
+        if children is None:  # no /proc/<pid>/task/<tid>/children: the slower walk
+            children = [p for p, st in descendants(me).items() if st == "Z"]
+        for pid in children:
+            if pid not in ours:
+                with contextlib.suppress(ChildProcessError, OSError):
+                    os.waitpid(pid, os.WNOHANG)
+
+    def _sweep(self, timeout: float = 10.0) -> int:
+        """End of the attempt: SIGKILL every process still below the runner, escaped sessions
+        included, until none is left (or ``timeout``: one stuck in the kernel). Returns how
+        many processes it killed."""
+        me = os.getpid()
+        killed: set[int] = set()
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:  # once: a group emptied since may see its id reused
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        while True:
+            spared = self._spared()
+            alive = {
+                p for p, st in descendants(me).items() if st not in ("Z", "X") and p not in spared
+            }
+            for pid in alive:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            killed |= alive - {p.pid for p in self.procs}
+            self._reap_adopted()
+            if not alive or time.monotonic() >= deadline:
+                return len(killed)
+            time.sleep(0.01)
 
     def _status(self) -> int | None:
         """The job's status once it has ended: every rank exited (the first failure's status,
@@ -509,6 +653,7 @@ class Runner:
 
     def run(self) -> int:
         me = os.getpid()
+        become_subreaper()
         write_json(self._path(RUNNER), {"pid": me, "start_ticks": start_ticks(me)})
         self._install_signals()
         if self.lease_expired():
@@ -531,6 +676,7 @@ class Runner:
         running_s, last = 0.0, time.monotonic()
         while True:
             code = self._wait(CHECK_EVERY_S, pidfd)
+            self._reap_adopted()
             if code is not None:
                 if code != 0 and len(self.procs) > 1:
                     failed = next(i for i, p in enumerate(self.procs) if p.poll() == code)
@@ -558,12 +704,21 @@ class Runner:
                 detail = "the node's lease ran out without renewal: the runner stopped the job"
                 code = self._stop(self.lease()[1], pidfd)
                 break
-        # Children that outlived the job's main process go with it (and, with a cgroup, any
-        # process of the job that left its process group).
+        # No process outlives its attempt: the job's groups and whatever left them (``setsid``,
+        # orphans re-parented to the runner, its subreaper) get SIGKILL; a container whose client
+        # was killed is removed all the same; the owner's output copies (tee) then read the
+        # last of the output and end; anything still left below the runner goes in the sweep,
+        # and, with a cgroup, anything else in it. ``ended_at`` is taken after.
         self._signal_group(signal.SIGKILL)
-        self._podman("rm")  # a container whose client was killed: removed all the same
+        self._podman("rm")
         self._wait_tees()
+        escaped = self._sweep()
         self.isolation.cleanup()
+        if escaped:
+            with contextlib.suppress(OSError), open(str(self.spec["log"]), "ab") as out:
+                out.write(
+                    f"[cosched] {escaped} process(es) left when the job ended: killed\n".encode()
+                )
         if outcome == "exited":
             detail = f"{describe_status(code)} ({detail})" if detail else describe_status(code)
         else:

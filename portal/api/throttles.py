@@ -29,6 +29,7 @@ from typing import Any
 
 from django.core.cache import cache as default_cache
 from django.core.cache import caches
+from redis.exceptions import ResponseError
 from rest_framework.throttling import AnonRateThrottle, SimpleRateThrottle, UserRateThrottle
 
 from portal.core.cache import ResilientRedisCache, cache_errors
@@ -81,7 +82,13 @@ class AtomicRateThrottle(SimpleRateThrottle):
             return True
         backend = caches["default"] if self.cache is default_cache else self.cache
         try:
-            count, self._left = counter_hit(backend, self.key, self.duration)
+            try:
+                count, self._left = counter_hit(backend, self.key, self.duration)
+            except (ResponseError, TypeError, ValueError):
+                # Not a counter (written into the cache by someone else, or by an older
+                # version's list of times): start the window afresh, never a 500.
+                backend.delete(self.key)
+                count, self._left = counter_hit(backend, self.key, self.duration)
         except cache_errors():  # Redis down: the limits wait for it (docs/reliability.md)
             return True
         return count <= self.num_requests

@@ -311,6 +311,7 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
     if not won:
         return  # recorded already: a repeat (the acknowledgement was lost)
     placement = part.placement
+    _released_when_it_died(placement, result, now)
     job = (
         Job.objects.filter(pk=placement.job_id)
         .only(
@@ -371,6 +372,17 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
         _finish(job, JobState.PENDING, actor, f"{where}{rank} ended: {result.detail}")
     emit_nudges({p.node.name for p in placement.parts.all()} - {node.name}, f"job {job.pk} ended")
     emit_schedule(f"job {job.pk} finished")
+
+
+def _released_when_it_died(placement: Placement, result: AttemptResult, now: datetime) -> None:
+    """An attempt ended by the portal (preempted, cancelled, requeued) was marked released when
+    the portal decided it; its processes died later (SIGTERM, the grace, SIGKILL, the runner's
+    sweep of what was left). The runner's ``ended_at`` is when its last process died: the
+    attempt's end moves there (never past now, never before the decision)."""
+    died = min(datetime.fromtimestamp(result.ended_at, UTC), now)
+    Placement.objects.filter(pk=placement.pk, active=False, released_at__lt=died).update(
+        released_at=died
+    )
 
 
 def _time_limit_reason(job: Job, attempt: int, detail: str) -> str:
@@ -648,19 +660,17 @@ def _samples(node: Node, request: SyncRequest, current: set[tuple[int, int]]) ->
 
 def _after(node: Node, effects: _Effects) -> None:
     """Metrics, log tails and the outbox relay: best effort, after the lease was renewed."""
-    from portal.core.metrics import log_tail_store, metrics_record
+    from portal.core.metrics import log_tails_store, metrics_record
 
     try:
         if effects.samples:
             metrics_record(effects.samples)
     except Exception as exc:
         log.warning("node %s: metrics not recorded: %s", node.name, exc)
-    for job_id, text in effects.tails.items():
-        try:
-            log_tail_store(job_id, text)
-        except Exception as exc:
-            log.warning("node %s: log tail of job %s not stored: %s", node.name, job_id, exc)
-            break
+    try:
+        log_tails_store(effects.tails)
+    except Exception as exc:
+        log.warning("node %s: log tails not stored: %s", node.name, exc)
     global _last_relay_check
     now = time.monotonic()
     if now - _last_relay_check < RELAY_CHECK_EVERY_S:

@@ -4,10 +4,11 @@ History: ``MetricSample`` rows, written in one ``bulk_create`` per batch, pruned
 (``metrics_prune``) and read downsampled (``metrics_series`` never returns more than
 ``max_points`` points: above that it averages fixed-width time buckets, in SQL on PostgreSQL).
 
-Latest values and job log tails live in Redis when ``settings.REDIS_URL`` is set (keys prefixed
-``cosched:``), else in a process-local dict (the embedded default runs in one process). The
-latest store keeps, per entity and metric, the newest sample by time: a late batch never
-overwrites a newer value.
+Latest values live in Redis when ``settings.REDIS_URL`` is set (keys prefixed ``cosched:``),
+else in a process-local dict (the embedded default runs in one process). The latest store
+keeps, per entity and metric, the newest sample by time: a late batch never overwrites a newer
+value. Job log tails live in the database (``JobLogTail``), never in Redis: a job's output may
+hold secrets and Redis may be reachable from where jobs run (docs/security.md).
 
 Metric names and units: ``util_pct`` (percent), ``memory_used_mb`` / ``memory_total_mb`` (MB),
 ``slowdown`` (unitless SD_i, ALGORITHMS.md §5), ``progress`` (0..1), ``queue_length``,
@@ -27,7 +28,7 @@ from django.db import connection
 from django.db.models import Count, Max, Min, QuerySet
 from django.utils import timezone
 
-from portal.core.models import Job, MetricSample, Node
+from portal.core.models import Job, JobLogTail, MetricSample, Node
 from portal.core.states import JobState
 
 KEY_PREFIX = "cosched:"
@@ -88,7 +89,6 @@ class _LocalStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._latest: dict[str, dict[str, tuple[float, float]]] = {}
-        self._logs: dict[int, str] = {}
 
     def put_latest(self, newest: dict[str, dict[str, tuple[float, float]]]) -> None:
         with self._lock:
@@ -102,18 +102,9 @@ class _LocalStore:
         with self._lock:
             return {e: dict(self._latest[e]) for e in entities if e in self._latest}
 
-    def put_log(self, job_id: int, text: str) -> None:
-        with self._lock:
-            self._logs[job_id] = text
-
-    def get_log(self, job_id: int) -> str | None:
-        with self._lock:
-            return self._logs.get(job_id)
-
     def clear(self) -> None:
         with self._lock:
             self._latest.clear()
-            self._logs.clear()
 
 
 # Sets field to "<epoch>|<value>" only if the stored epoch is older (or the field is absent).
@@ -134,8 +125,7 @@ return n
 
 
 class _RedisStore:
-    """Latest values as one hash per entity (``cosched:latest:<entity>``), log tails as strings
-    (``cosched:log:<job id>``, expiring after a week)."""
+    """Latest values as one hash per entity (``cosched:latest:<entity>``)."""
 
     def __init__(self, url: str) -> None:
         import redis  # imported here: the embedded default runs without Redis
@@ -163,15 +153,8 @@ class _RedisStore:
                 out[entity] = {m: _unpack(v) for m, v in raw.items()}
         return out
 
-    def put_log(self, job_id: int, text: str) -> None:
-        self._client.set(f"{KEY_PREFIX}log:{job_id}", text, ex=LOG_TAIL_TTL_S)
-
-    def get_log(self, job_id: int) -> str | None:
-        return self._client.get(f"{KEY_PREFIX}log:{job_id}")
-
     def clear(self) -> None:
         keys = list(self._client.scan_iter(match=f"{KEY_PREFIX}latest:*"))
-        keys += list(self._client.scan_iter(match=f"{KEY_PREFIX}log:*"))
         if keys:
             self._client.delete(*keys)
 
@@ -199,7 +182,8 @@ def _store() -> _LocalStore | _RedisStore:
 
 
 def metrics_store_clear() -> None:
-    """Forget every latest value and log tail in the active store (tests, ``flush`` tools)."""
+    """Forget every latest value in the active store (tests, ``flush`` tools). Log tails are
+    rows (``JobLogTail``): a database flush removes them."""
     _store().clear()
 
 
@@ -407,6 +391,8 @@ def metrics_prune(older_than: timedelta) -> int:
     """Delete samples older than ``older_than`` from now (retention); returns how many."""
     cutoff = timezone.now() - older_than
     deleted, _per_model = MetricSample.objects.filter(at__lt=cutoff).delete()
+    stale = timezone.now() - timedelta(seconds=LOG_TAIL_TTL_S)
+    JobLogTail.objects.filter(updated_at__lt=stale).delete()
     return deleted
 
 
@@ -449,11 +435,39 @@ def metrics_cluster_snapshot(now: datetime | None = None) -> list[Sample]:
 # --- log tails ----------------------------------------------------------------------------------
 
 
+def log_tails_store(tails: dict[int, str]) -> None:
+    """Keep the last ``LOG_TAIL_CHARS`` characters of each job's log (job id -> text) for the
+    job page: one upsert for all of them."""
+    if not tails:
+        return
+    now = timezone.now()
+    known = set(Job.objects.filter(pk__in=[int(j) for j in tails]).values_list("pk", flat=True))
+    rows = [
+        JobLogTail(job_id=int(job_id), text=text[-LOG_TAIL_CHARS:], updated_at=now)
+        for job_id, text in tails.items()
+        if int(job_id) in known  # a job deleted meanwhile has no page to show it on
+    ]
+    if not rows:
+        return
+    JobLogTail.objects.bulk_create(
+        rows,
+        update_conflicts=True,
+        unique_fields=["job"],
+        update_fields=["text", "updated_at"],
+    )
+
+
 def log_tail_store(job_id: int, text: str) -> None:
-    """Keep the last ``LOG_TAIL_CHARS`` characters of a job's log for the job page."""
-    _store().put_log(int(job_id), text[-LOG_TAIL_CHARS:])
+    """``log_tails_store`` for one job."""
+    log_tails_store({int(job_id): text})
 
 
 def log_tail_get(job_id: int) -> str | None:
-    """The stored log tail of a job, or None when the store holds none."""
-    return _store().get_log(int(job_id))
+    """The stored log tail of a job, or None when there is none (or it is older than
+    ``LOG_TAIL_TTL_S``)."""
+    cutoff = timezone.now() - timedelta(seconds=LOG_TAIL_TTL_S)
+    return (
+        JobLogTail.objects.filter(job_id=int(job_id), updated_at__gte=cutoff)
+        .values_list("text", flat=True)
+        .first()
+    )

@@ -703,3 +703,19 @@ class DataRatioChange(models.Model):
 
     def __str__(self) -> str:
         return f"job {self.job_id} attempt {self.attempt}: {self.old} -> {self.new}"
+
+
+class JobLogTail(models.Model):
+    """The last lines of a job's log (``portal.core.metrics.log_tail_store``), for its page.
+
+    In the database, not in Redis: a job's output may hold secrets, and Redis may be reachable
+    from where jobs run (docs/security.md). Only the portal reads this table."""
+
+    job = models.OneToOneField(
+        Job, on_delete=models.CASCADE, primary_key=True, related_name="log_tail_row"
+    )
+    text = models.TextField(blank=True)
+    updated_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return f"log tail of job {self.job_id}"

@@ -18,7 +18,8 @@ PASSWORDS = {
     "REDIS_PASSWORD": "redis-pw",
     "REDIS_AGENT_PASSWORD": "a-pw",
 }
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
+COMPOSE = yaml.safe_load(COMPOSE_TEXT)
 SERVICES = COMPOSE["services"]
 
 
@@ -109,8 +110,26 @@ def test_postgres_and_redis_require_passwords_and_redis_persists():
     assert command[command.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?")
     assert command[command.index("--appendonly") + 1] == "yes"
     assert any(v.endswith(":/data") for v in SERVICES["redis"]["volumes"])
-    # The agent subscribes as the restricted "cosched-agent" user.
-    nudge_url = SERVICES["node-agent"]["environment"]["COSCHED_NUDGE_URL"]
-    assert nudge_url.startswith("redis://cosched-agent:${REDIS_AGENT_PASSWORD:?")
+    # Agents that get a nudge URL use the restricted "cosched-agent" user (documented in the
+    # node-agent service); in compose they have none: Redis is out of their jobs' reach.
+    command_text = " ".join(command)
+    assert "--user cosched-agent on >${REDIS_AGENT_PASSWORD:?" in command_text
+    assert "&cosched:nudge:* +subscribe" in command_text
+    assert "redis://cosched-agent:${REDIS_AGENT_PASSWORD}@redis" in COMPOSE_TEXT
+    assert "COSCHED_NUDGE_URL" not in SERVICES["node-agent"]["environment"]
     assert SERVICES["node-agent"]["environment"]["COSCHED_RUN_JOBS_AS"] == "owner"
+
+
+def test_jobs_cannot_reach_redis_or_postgres():
+    """Jobs run in the node agent's network namespace: its networks must not hold Redis or
+    PostgreSQL; only the web portal bridges the two."""
+    assert COMPOSE["networks"]["control"]["internal"] is True
+    networks = {name: set(service.get("networks", ())) for name, service in SERVICES.items()}
+    assert networks["redis"] == networks["postgres"] == {"control"}
+    assert networks["node-agent"] == {"nodes"}
+    assert networks["web"] == {"control", "nodes"}
+    for name in ("migrate", "worker", "beat"):
+        assert networks[name] == {"control"}, name
+    reachable = {s for s, nets in networks.items() if nets & networks["node-agent"]}
+    assert reachable == {"web", "node-agent"}
     assert "useradd --system" in (ROOT / "Dockerfile").read_text()

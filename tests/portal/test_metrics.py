@@ -104,14 +104,31 @@ def test_redis_store_is_shared_through_redis(settings, gpu):
     settings.REDIS_URL = REDIS_URL
     metrics.metrics_store_clear()
     metrics_record([Sample("util_pct", 33.0, T0, gpu_id=gpu.pk)])
-    log_tail_store(42, "hello\n")
     raw = redis.Redis.from_url(REDIS_URL, decode_responses=True)
     packed = raw.hget(f"cosched:latest:gpu:{gpu.pk}", "util_pct")
     assert packed is not None and packed.endswith("|33.0")
-    assert raw.get("cosched:log:42") == "hello\n"
-    assert 0 < raw.ttl("cosched:log:42") <= metrics.LOG_TAIL_TTL_S
-    metrics.metrics_store_clear()
-    assert raw.get("cosched:log:42") is None
+
+
+def test_log_tails_live_in_the_database_not_in_redis(settings, job):
+    """A job's output may hold secrets and Redis may be reachable from jobs: log tails are
+    rows only the portal reads; nothing about them is written to Redis."""
+    import redis
+
+    settings.REDIS_URL = REDIS_URL
+    raw = redis.Redis.from_url(REDIS_URL, decode_responses=True)
+    raw.flushdb()
+    log_tail_store(job.pk, "x" * 10 + "token=s3cret\n")
+    log_tail_store(job.pk + 10_000, "a deleted job's tail is dropped\n")
+    assert log_tail_get(job.pk) == "x" * 10 + "token=s3cret\n"
+    assert log_tail_get(job.pk + 10_000) is None
+    assert not any("s3cret" in str(raw.get(k)) for k in raw.scan_iter() if raw.type(k) == "string")
+    assert list(raw.scan_iter(match="*log*")) == []
+    metrics.JobLogTail.objects.filter(job=job).update(
+        updated_at=timezone.now() - timedelta(seconds=metrics.LOG_TAIL_TTL_S + 1)
+    )
+    assert log_tail_get(job.pk) is None  # a week old: gone from the page, pruned with samples
+    metrics.metrics_prune(timedelta(days=14))
+    assert not metrics.JobLogTail.objects.filter(job=job).exists()
 
 
 def test_series_returns_raw_points_up_to_max(gpu):
@@ -229,12 +246,12 @@ def test_cluster_snapshot(store, alice):
     assert metrics_latest(cluster=True)["cluster"]["sd_max_diff"]["value"] == pytest.approx(0.9)
 
 
-def test_log_tail_keeps_the_last_16_kb(store):
-    assert log_tail_get(7) is None
+def test_log_tail_keeps_the_last_16_kb(store, job):
+    assert log_tail_get(job.pk) is None
     text = "".join(f"line {i}\n" for i in range(5000))
-    log_tail_store(7, text)
-    tail = log_tail_get(7)
+    log_tail_store(job.pk, text)
+    tail = log_tail_get(job.pk)
     assert len(tail) == metrics.LOG_TAIL_CHARS
     assert text.endswith(tail)
-    log_tail_store(7, "short\n")
-    assert log_tail_get(7) == "short\n"
+    log_tail_store(job.pk, "short\n")
+    assert log_tail_get(job.pk) == "short\n"

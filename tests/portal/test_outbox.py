@@ -4,6 +4,7 @@ succeeding meanwhile."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -14,7 +15,7 @@ import redis
 from django.db import transaction
 from django.utils import timezone
 
-from portal.core import outbox, services
+from portal.core import outbox, services, signed_messages
 from portal.core.models import Job, Node, OutboxMessage, Placement, PlacementPart
 from workers.protocol import nudge_channel
 
@@ -61,8 +62,11 @@ def broker_down(settings, monkeypatch):
 
 
 def _queued_tasks(client) -> list[dict]:
-    """Celery messages waiting on the scheduler queue (Redis list ``scheduler``)."""
-    return [json.loads(m)["headers"] for m in client.lrange(outbox.SCHEDULER_QUEUE, 0, -1)]
+    """Celery messages waiting on the scheduler queue (Redis list ``scheduler``): their signed
+    bodies (``portal.core.signed_messages``; the task's name is inside)."""
+    messages = [json.loads(m) for m in client.lrange(outbox.SCHEDULER_QUEUE, 0, -1)]
+    assert all(m["content-type"] == signed_messages.CONTENT_TYPE for m in messages)
+    return [signed_messages.loads(base64.b64decode(m["body"])) for m in messages]
 
 
 def test_a_message_commits_or_rolls_back_with_its_change(alice):

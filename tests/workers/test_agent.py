@@ -326,6 +326,7 @@ def test_cancel_kills_the_process_group_and_the_job_stays_cancelled(alice, node,
 
     assert _wait(lambda: not runner_files.group_alive(pid), what="the job's group to die")
     job = _step_until(agent, job, "CANCELLED")
+    _wait(lambda: agent.step() and _part(job).reported_at is not None, what="the result")
     _wait(lambda: agent.step() and not agent.pending_results(), what="the result to be acked")
     job.refresh_from_db()
     assert job.state == "CANCELLED" and job.exit_code is None
@@ -341,6 +342,9 @@ def test_a_requeued_attempt_is_stopped_and_the_job_stays_pending(alice, node, ag
     pid = _job_pid(agent, job)
     services.job_transition(job, "PENDING", actor="scheduler", message="preempted")
     _wait(lambda: agent.step() and not _alive(pid), what="the stop")
+    # The runner writes the result once nothing of the job is left (its sweep), a moment after
+    # the job's process died: wait for the portal to have recorded it.
+    _wait(lambda: agent.step() and _part(job).reported_at is not None, what="the result")
     _wait(lambda: agent.step() and not agent.pending_results(), what="the result to be acked")
     job.refresh_from_db()
     assert job.state == "PENDING" and job.exit_code is None

@@ -10,8 +10,11 @@ way and ends FAILED (time limit)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import signal
 import time
 
 import pytest
@@ -322,3 +325,68 @@ def _gang_agents(tmp_path) -> list:
             )
         )
     return made
+
+
+# --- no process outlives its attempt (issue 29) -------------------------------------------------
+
+
+@pytest.fixture
+def escaped(tmp_path):
+    """A pid file for a job's grandchild that leaves its session; killed at the end whatever
+    happens (a failing test must not leave it looping)."""
+    pidfile = tmp_path / "escaped.pid"
+    yield pidfile
+    with contextlib.suppress(OSError, ValueError):
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", ["preempt", "cancel"])
+def test_a_grandchild_that_left_the_session_ends_with_its_attempt(alice, node, agent, escaped, how):
+    """``setsid sh -c 'while true ...' &``: its own session and process group, so signals to
+    the job's group miss it; the runner, its subreaper, stops it all the same, and the attempt
+    settles only once it is gone, so it never runs beside attempt 2 (no cgroup on this host
+    is assumed)."""
+    loop = f"setsid sh -c 'echo $$ > {escaped}; while true; do sleep 0.2; done' & "
+    job = _job(alice, node, loop + "sleep 60")
+    pid = _job_pid(agent, job)
+    grandchild = int(
+        _wait(lambda: agent.step() and escaped.exists() and escaped.read_text().strip(), what="pid")
+    )
+    assert os.getsid(grandchild) == grandchild != os.getsid(pid)  # it really left the session
+    job = Job.objects.get(pk=job.pk)
+    if how == "preempt":
+        services.job_preempt(job, actor="staff:test", reason="drain")
+    else:
+        services.job_cancel(job, actor="alice")
+    _wait(lambda: agent.step() and _part(job, 1).settled_at is not None, what="attempt 1 settled")
+    assert not _alive(pid)
+    assert not _alive(grandchild), f"the escaped grandchild {grandchild} outlived attempt 1"
+    if how == "preempt":
+        assert scheduling.run_cycle(seed=1).placed == [job.pk]
+        _job_pid(agent, job)  # attempt 2 runs, alone
+        assert Job.objects.get(pk=job.pk).state == "RUNNING"
+        assert not _alive(grandchild)
+        services.job_cancel(Job.objects.get(pk=job.pk), actor="alice")
+        _wait(lambda: agent.step() and _part(job, 2).settled_at is not None, what="attempt 2")
+
+
+def test_a_preempted_attempt_ends_when_its_process_died_not_when_asked(
+    staff_api, alice, node, agent
+):
+    """A job that ignores SIGTERM dies at SIGKILL, a grace after the preemption: the attempt's
+    ``ended_at`` (API) is then, not the moment the preemption was decided."""
+    job = _job(alice, node, "trap '' TERM; while true; do sleep 0.1; done")
+    pid = _job_pid(agent, job)
+    agent.step()
+    response = staff_api.post(f"/api/v1/jobs/{job.pk}/preempt/", {"reason": "drain"}, "json")
+    assert response.status_code == 200
+    decided = Placement.objects.get(job=job, attempt=1).released_at
+    _wait(lambda: agent.step() and not _alive(pid), timeout=GRACE_S + 10, what="SIGKILL")
+    _wait(lambda: agent.step() and _part(job).settled_at is not None, what="the result")
+    part = _part(job)
+    assert part.exit_code == -9
+    ended = Placement.objects.get(job=job, attempt=1).released_at
+    assert (ended - decided).total_seconds() >= GRACE_S * 0.9
+    assert ended <= part.reported_at
+    attempts = staff_api.get(f"/api/v1/jobs/{job.pk}/").json()["attempts"]
+    assert attempts[0]["ended_at"] == ended.isoformat().replace("+00:00", "Z")

@@ -317,3 +317,78 @@ def test_a_stop_request_reaches_every_rank(attempts):
     result = a.result()
     assert result["outcome"] == "killed" and result["detail"].startswith("regrouped")
     assert not any(r.group_alive(pgid) for pgid in job["pgids"])
+
+
+# --- no process outlives its attempt --------------------------------------------------------------
+
+# A grandchild that leaves the job's session (and process group): ``setsid`` starts it as the
+# leader of a new session; it writes its pid, then loops for ever.
+ESCAPE = "setsid sh -c 'echo $$ > {pidfile}; while true; do sleep 0.2; done' & "
+
+
+def _escaped_pid(pidfile: Path) -> int:
+    return int(_wait(lambda: pidfile.exists() and pidfile.read_text().strip(), what="the pid"))
+
+
+def _gone(pid: int) -> bool:
+    fields = r._stat_fields(pid)
+    return not fields or fields[0] in ("Z", "X")
+
+
+@pytest.mark.parametrize("how", ["stop", "exit", "time_limit"])
+def test_a_grandchild_that_left_the_session_goes_with_the_attempt(attempts, tmp_path, how):
+    pidfile = tmp_path / "escaped.pid"
+    command = ESCAPE.format(pidfile=pidfile) + ("sleep 1" if how == "exit" else "sleep 60")
+    extra = {"time_limit_s": 1.0, "time_limit_grace_s": 0.5} if how == "time_limit" else {}
+    a = attempts(command, **extra)
+    job = a.job_pid()
+    escaped = _escaped_pid(pidfile)
+    # It really left: its own session and group, not the job's.
+    assert os.getsid(escaped) == escaped and os.getpgid(escaped) != job
+    if how == "stop":
+        r.write_json(a.dir / r.STOP, {"outcome": "stopped", "detail": "preempted", "grace_s": 2})
+        os.kill(a.proc.pid, signal.SIGTERM)
+    result = a.result()
+    expected = {"stop": "stopped", "exit": "exited", "time_limit": "time_limit"}[how]
+    assert result["outcome"] == expected
+    # Gone when the result is written, not later: the runner swept it first.
+    assert _gone(escaped), f"pid {escaped} outlived its attempt"
+    # After a plain exit nobody signalled it: the runner's sweep found it, and says so in the
+    # log (after a stop it got the SIGTERM with the job, and may be gone before the sweep).
+    assert how != "exit" or "left when the job ended: killed" in a.log.read_text()
+
+
+def test_an_orphan_reparented_to_the_runner_is_reaped_while_the_job_runs(attempts, tmp_path):
+    """The runner is the subreaper: a double-forked child's parent becomes the runner, which
+    collects it when it exits (no zombie left behind)."""
+    pidfile = tmp_path / "orphan.pid"
+    a = attempts(f"(sh -c 'echo $$ > {pidfile}; sleep 0.5' &) ; sleep 60")
+    a.job_pid()
+    orphan = _escaped_pid(pidfile)
+    assert _wait(lambda: int(r._stat_fields(orphan)[1]) == a.proc.pid, what="re-parenting")
+    _wait(lambda: r._stat_fields(orphan) is None, what="the orphan reaped")
+    r.write_json(a.dir / r.STOP, {"outcome": "killed", "detail": "cancelled", "grace_s": 1})
+    os.kill(a.proc.pid, signal.SIGTERM)
+    assert a.result()["outcome"] == "killed"
+
+
+def test_ended_at_is_when_the_last_process_died(attempts, tmp_path):
+    """A job that ignores SIGTERM dies at the grace's SIGKILL; ``ended_at`` is after that, not
+    when the stop was asked. Its escaped grandchild ignores SIGTERM too, and goes as well."""
+    pidfile = tmp_path / "escaped.pid"
+    escape = (
+        f"setsid sh -c 'trap \"\" TERM; echo $$ > {pidfile}; while true; do sleep 0.2; done' & "
+    )
+    a = attempts(escape + "trap '' TERM; echo ready; while true; do sleep 0.2; done")
+    a.job_pid()
+    escaped = _escaped_pid(pidfile)
+    _wait(lambda: "ready" in a.log.read_text(), what="the trap")
+    asked = time.time()
+    r.write_json(a.dir / r.STOP, {"outcome": "stopped", "detail": "preempted", "grace_s": 1.5})
+    os.kill(a.proc.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    assert not _gone(escaped)  # SIGTERM ignored: still there within the grace
+    result = a.result()
+    assert _gone(escaped)
+    assert result["exit_code"] == -signal.SIGKILL
+    assert result["ended_at"] >= asked + 1.5

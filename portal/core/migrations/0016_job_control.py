@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('core', '0013_job_oom_with'),
+        ('core', '0014_job_log_tail'),
     ]
 
     operations = [
