@@ -5,7 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.routers import DefaultRouter
 
-from portal.api import dashboard, schema, views  # noqa: F401  (schema registers the auth extension)
+from portal.api import dashboard, measured, schema, views  # noqa: F401  (schema registers the auth extension)
 from portal.teams import views as teams_views
 
 router = DefaultRouter()
@@ -25,6 +25,8 @@ urlpatterns = [
     path("v1/gpus/<int:pk>/series/", dashboard.gpu_series, name="api-gpu-series"),
     path("v1/jobs/<int:pk>/series/", dashboard.job_series, name="api-job-series"),
     path("v1/jobs/<int:pk>/log/", dashboard.job_log, name="api-job-log"),
+    path("v1/jobs/<int:pk>/gpu-readings/", measured.job_gpu_readings, name="api-job-gpu-readings"),
+    path("v1/jobs/<int:pk>/observations/", measured.job_observations, name="api-job-observations"),
     path("v1/usage/", teams_views.usage, name="api-usage"),
     path("v1/projects/", teams_views.my_projects, name="api-projects"),
     path("v1/", include(router.urls)),
