@@ -48,5 +48,5 @@ def test_the_job_page_plots_the_jobs_gpu_memory_and_utilisation(browser, live_se
     assert util.get_attribute("data-points") == "6"  # GPU 1 gave no utilisation samples
     names = [t.text for t in memory.find_elements(By.CSS_SELECTOR, ".legendtext")]
     assert names == ["attempt 1, h100-1 GPU 0", "attempt 1, h100-1 GPU 1"]
-    assert browser.find_element(By.ID, "job-gpu-peak").text == "20.2 GB"
+    assert browser.find_element(By.ID, "job-gpu-peak").text == "20.1 GB"  # 20,600 MB
     assert not browser.find_element(By.ID, "plot-job-gpu-memory-empty").is_displayed()
