@@ -216,10 +216,16 @@ def job_python(prefer: str | None, account: str) -> str:
     if prefer:
         return prefer
     seen: list[str] = []
+    path = os.environ.get("PATH", "")
+    # PATH's python3 first (without this venv's bin: e.g. /opt/torch/.venv/bin/python3 on a
+    # GPU machine), then the system's, then this one.
+    outside = os.pathsep.join(
+        d for d in path.split(os.pathsep) if Path(d).resolve() != Path(sys.executable).parent
+    )
     for cand in (
+        shutil.which("python3", path=outside),
         "/usr/bin/python3",
         "/usr/local/bin/python3",
-        shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin"),
         sys.executable,
     ):
         if cand and cand not in seen and os.path.exists(cand):
