@@ -430,14 +430,19 @@ def check_solo(run: Run, real: bool) -> float | None:
     if states.get(job_id) != "RUNNING":
         run.rows.append(Row("solo job runs", False, f"job {job_id}: {states.get(job_id)}"))
         return None
-    # readings beside nvidia-smi at the same moments
+    # readings beside nvidia-smi at the same moments, once the job holds its memory (its
+    # first timing line) and the agent has sampled it
+    deadline = time.monotonic() + 90
+    while "gpu-check t=" not in run.log(job_id) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2.5)
     pairs = []
     for _ in range(4):
-        time.sleep(max(2.0, secs / 6))
         portal = newest_reading(run, job_id)
         smi = smi_apps() if real else {}
         util = smi_util() if real else None
         pairs.append((portal, smi, util))
+        time.sleep(max(1.5, secs / 8))
     run.wait([job_id], {"COMPLETED", "FAILED", "CANCELLED"}, secs + 60)
     text = run.log(job_id)
     rate = own_rate(text)
