@@ -155,6 +155,9 @@ from scheduler.policies.base import Policy, PolicyError
 _MB_PER_GB = 1024.0
 _SHARED_MODES = (SharingMode.MPS, SharingMode.TIME_SLICING)
 
+#: A job parameter naming the one GPU model the job may run on.
+GPU_MODEL_PARAM = "gpu_model"
+
 framework_defaults: dict[str, Any] = {
     "backfill": True,
     "reserve": False,
@@ -1262,7 +1265,11 @@ class FrameworkPolicy(Policy):
         return None
 
     def allowed_models(self, job: JobSpec) -> frozenset[str] | None:
-        """GPU models ``job`` may run on (None: any). See ``profiled_models_only``."""
+        """GPU models ``job`` may run on (None: any). See ``profiled_models_only``; a job whose
+        ``params`` name a ``gpu_model`` (the profiling runs, docs/profiles.md) runs on it only."""
+        pinned = job.params.get(GPU_MODEL_PARAM) if job.params else None
+        if pinned:
+            return frozenset({str(pinned)})
         if not self.params.get("profiled_models_only", True) or job.profile is None:
             return None
         times = job.profile.gpu_time_s
