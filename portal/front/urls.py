@@ -15,6 +15,11 @@ urlpatterns = [
     path("jobs/<int:job_id>/preempt/", views.job_preempt_view, name="job_preempt"),
     path("profiles/", views.profiles, name="profiles"),
     path("profiles/<int:profile_id>/", views.profile_detail, name="profile_detail"),
+    path(
+        "profiles/<int:profile_id>/profiling/",
+        views.profile_profiling,
+        name="profile_profiling",
+    ),
     path("cluster/", views.cluster, name="cluster"),
     path("usage/", teams_views.usage_page, name="usage"),
     path("account/", views.account, name="account"),

@@ -131,3 +131,19 @@ def test_the_cli_starts_a_profiling_run(live_server, django_user_model):
     assert "profile prof-cli-app solo on A30" in done.out
     refused = run_cli("profile", "prof-cli-app", "--models", "K80", url=live_server.url, token=key)
     assert refused.code != 0 and "models" in refused.err
+
+
+def test_staff_start_a_profiling_run_from_the_profile_page(cluster, client, staff, alice):
+    app = _profile("prof-page", 20.0)
+    client.force_login(alice)
+    assert client.post(f"/profiles/{app.pk}/profiling/", {"models": ["V100"]}).status_code == 403
+    client.force_login(staff)
+    page = client.get(f"/profiles/{app.pk}/").content.decode()
+    assert 'id="profiling"' in page and 'value="V100"' in page
+    answer = client.post(f"/profiles/{app.pk}/profiling/", {"models": ["V100"]}, follow=True)
+    (job,) = Job.objects.filter(profile=app)
+    assert job.params["gpu_model"] == "V100" and job.params["profiling_role"] == "solo"
+    text = answer.content.decode()
+    assert "Profiling run " in text and f"#{job.pk} profile prof-page solo on V100" in text
+    refused = client.post(f"/profiles/{app.pk}/profiling/", {}, follow=True).content.decode()
+    assert "models: name at least one GPU model" in refused
