@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.decorators import api_view, permission_classes
@@ -74,7 +75,7 @@ def job_gpu_readings(request: Request, pk: int) -> Response:
         "set of co-runner types (`co_runners`, empty: alone), and a `completed` observation when "
         "it completed. `rate` is the fraction of the work done per second of the window."
     ),
-    responses={200: serializers.JSONField(), 404: ErrorSerializer},
+    responses={200: OpenApiTypes.OBJECT, 404: ErrorSerializer},
 )
 @api_view(["GET"])
 def job_observations(request: Request, pk: int) -> Response:
@@ -147,7 +148,7 @@ def _draft(profile: Any) -> dict[str, Any] | None:
         "profiling jobs of `?profile=` and its draft."
     ),
     request=ProfilingRequestSerializer,
-    responses={201: serializers.JSONField(), 400: ErrorSerializer},
+    responses={200: OpenApiTypes.OBJECT, 201: OpenApiTypes.OBJECT, 400: ErrorSerializer},
 )
 @api_view(["GET", "POST"])
 @permission_classes([IsAdminUser])
