@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.permissions import IsAdminUser
@@ -148,7 +148,14 @@ def _draft(profile: Any) -> dict[str, Any] | None:
         "profiling jobs of `?profile=` and its draft."
     ),
     request=ProfilingRequestSerializer,
-    responses={200: OpenApiTypes.OBJECT, 201: OpenApiTypes.OBJECT, 400: ErrorSerializer},
+    responses={
+        200: OpenApiTypes.OBJECT,
+        201: OpenApiTypes.OBJECT,
+        400: OpenApiResponse(
+            OpenApiTypes.OBJECT, description="field -> list of messages, every bad field"
+        ),
+        403: ErrorSerializer,
+    },
 )
 @api_view(["GET", "POST"])
 @permission_classes([IsAdminUser])
