@@ -174,6 +174,24 @@ def advance_window(
     """Move attempt ``(job_id, attempt)``'s progress window to ``(at_s, fraction, steps)``:
     store the window as an observation when it is long enough and unbroken (module docstring)
     and begin the next one there. Returns the observation stored, if any."""
+    # Most samples only grow the window: one cheap read, no lock, no co-runner query. A
+    # co-runner that came and went inside a window goes unnoticed; one that came or went
+    # between its ends drops it.
+    held = (
+        Placement.objects.filter(job_id=job_id, attempt=attempt, active=True)
+        .values("progress_mark", "job__state")
+        .first()
+    )
+    if held is None:
+        return None
+    mark = held["progress_mark"] or {}
+    if (
+        mark
+        and held["job__state"] == JobState.RUNNING
+        and fraction >= float(mark["fraction"])
+        and at_s - float(mark["at"]) < float(_setting("OBSERVATION_WINDOW_S", 10.0))
+    ):
+        return None
     with transaction.atomic():
         placement = (
             Placement.objects.select_for_update(of=("self",))

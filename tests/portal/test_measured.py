@@ -9,7 +9,7 @@ import time
 import pytest
 from django.conf import settings
 
-from portal.core import observations, scheduling
+from portal.core import adapters, observations, scheduling
 from portal.core.models import (
     ApplicationProfile,
     GpuReading,
@@ -18,6 +18,7 @@ from portal.core.models import (
     ProfileGpuTime,
     ProfileMemoryStep,
 )
+from scheduler.domain import SharingMode
 from tests.workers.fake_nvml import FakeGpu, FakeNvml
 from tests.workers.test_agent import Switch, _job, _job_pid, _step_until
 from workers.agent import NodeAgent, kill_marked_processes
@@ -232,3 +233,59 @@ def test_the_policy_is_handed_the_measured_knowledge_and_it_can_reorder(alice, t
     ids = {j.id for j in state.pending}
     assert {str(slow_by_profile.pk), str(short_by_profile.pk)} <= ids
     assert observations.recent_observations(["toy-m"], per_type=2)[-1].progress_to == 1.0
+
+
+def test_a_window_a_co_runner_entered_is_dropped_and_the_next_one_is_beside_it(alice, toy):
+    from portal.core.models import Gpu, Node, Placement, PlacementPart
+
+    node = Node.objects.create(name="win-1", kind="gpu", cores=8, memory_mb=65536)
+    gpu = Gpu.objects.create(node=node, index=0, model="A30", memory_mb=24576, uuid="GPU-win")
+
+    def running(name, profile=None, params=None):
+        job = Job.objects.create(
+            owner=alice, name=name, gpus=1, state="RUNNING", profile=profile, params=params or {}
+        )
+        p = Placement.objects.create(
+            job=job, attempt=1, node=node, policy="t", sharing_mode="time_slicing"
+        )
+        p.gpus.set([gpu])
+        PlacementPart.objects.create(placement=p, node=node, node_rank=0, gpu_indices=[0])
+        return job
+
+    job = running("measured", toy)
+    window = settings.COSCHED["OBSERVATION_WINDOW_S"]
+    assert observations.advance_window(job.pk, 1, 1000.0, 0.10, 10) is None  # the mark
+    got = observations.advance_window(job.pk, 1, 1000.0 + window, 0.20, 30)
+    assert got is not None and got.co_runners == [] and got.steps == 20.0
+    running("neighbour", params={"job_type": "bert"})
+    # the co-runner came between this window's ends: no observation, a new mark beside it
+    assert observations.advance_window(job.pk, 1, 1000.0 + 2 * window, 0.30, 50) is None
+    beside = observations.advance_window(job.pk, 1, 1000.0 + 3 * window, 0.35, 60)
+    assert beside is not None and beside.co_runners == ["bert"] and beside.mode == "time_slicing"
+    assert beside.progress_from == pytest.approx(0.30) and beside.window_s == pytest.approx(window)
+    knowledge = observations.build_knowledge(["toy-m"])
+    spec = adapters.job_to_domain(job)
+    speed = knowledge.co_run_speed(
+        spec,
+        "A30",
+        [adapters.job_to_domain(Job.objects.get(name="neighbour"))],
+        SharingMode.TIME_SLICING,
+    )
+    assert speed is not None and speed.value == pytest.approx(0.5, rel=0.01)  # half as fast
+
+
+def test_old_gpu_readings_are_pruned_with_the_metrics(alice):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.core.metrics import metrics_prune
+
+    job = Job.objects.create(owner=alice, name="old", gpus=1)
+    now = timezone.now()
+    for age in (30, 1):
+        GpuReading.objects.create(
+            job=job, attempt=1, gpu_index=0, at=now - timedelta(days=age), memory_mb=1.0
+        )
+    assert metrics_prune(timedelta(days=14)) == 1
+    assert GpuReading.objects.filter(job=job).count() == 1
