@@ -270,6 +270,8 @@ def _env(work: Path) -> dict[str, str]:
 
 
 def _django(work: Path) -> None:
+    for key in [k for k in os.environ if k.startswith(("DATABASE_", "REDIS_"))]:
+        del os.environ[key]  # the embedded default: SQLite in the work directory, no broker
     os.environ.update(_env(work))
     sys.path.insert(0, str(ROOT))
     import django
