@@ -21,7 +21,7 @@ BROWSER_PACKAGES := chromium chromium-driver
 CONTAINER_PACKAGES := podman runc busybox-static
 
 .PHONY: install demo test test-slow lint bench bench-quick browser-deps container-deps migrate clean \
-	lock docs chaos
+	lock docs chaos gpu-check gpu-check-dry
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -141,6 +141,16 @@ test-slow: install browser-deps container-deps
 chaos: install
 	$(TEST_ENV) TEST_DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/test} \
 		$(BIN)/python -m tests.e2e.chaos $(CHAOS_ARGS)
+
+# `make gpu-check`: the project's smoke test of a real GPU node (docs/gpu-check.md); run as root
+# on the GPU machine from an existing .venv (no network needed). Exits 0 with a message where
+# there is no NVIDIA GPU. `make gpu-check-dry` runs the same checks on a virtual GPU.
+gpu-check:
+	test -x $(BIN)/python || { echo "gpu-check: no $(VENV); run make install first"; exit 2; }
+	$(BIN)/python -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+
+gpu-check-dry:
+	$(BIN)/python -m benchmarks.gpu_check --backend virtual --seconds 8 $(GPU_CHECK_ARGS)
 
 bench: install
 	$(TEST_ENV) $(BIN)/python -m benchmarks $(BENCH_ARGS)

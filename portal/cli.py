@@ -696,6 +696,29 @@ def cmd_update(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
     else:
         said = ", ".join(f"{k} {v}" for k, v in body.items())
         out.write(f"Updated job {job['id']} ({job.get('name', '')}): {said}\n")
+def cmd_profile(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """Staff: short solo (and pair) runs of an application, measured into a draft profile."""
+    body: dict[str, Any] = {
+        "profile": args.app,
+        "models": [m.strip() for m in args.models.split(",") if m.strip()],
+    }
+    if args.with_app:
+        body["with_profile"] = args.with_app
+    if args.command:
+        body["command"] = args.command
+    if args.scale is not None:
+        body["scale"] = args.scale
+    _, answer = client.request("POST", "/api/v1/profiling/", body=body)
+    if args.json:
+        _emit_json(answer, out)
+        return EXIT_OK
+    out.write(f"Profiling run {answer['run']}: {len(answer['jobs'])} jobs\n")
+    for job in answer["jobs"]:
+        out.write(f"  #{job['id']} {job['name']} ({job['state']})\n")
+    out.write(
+        "Their measurements go into the profile's measured draft (staff review it on the "
+        "profile page; GET /api/v1/profiling/?profile=NAME shows it).\n"
+    )
     return EXIT_OK
 
 
@@ -1131,6 +1154,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--interval", type=_seconds, default=2.0, help="seconds between polls (default 2)"
     )
     p.set_defaults(func=cmd_logs)
+
+    p = sub.add_parser(
+        "profile",
+        parents=[common],
+        help="staff: profile an application on the cluster (short solo and pair runs)",
+    )
+    p.add_argument("app", help="the application's profile (id, name or name:version)")
+    p.add_argument("--models", required=True, help="GPU models, comma-separated: H100,A30")
+    p.add_argument("--with", dest="with_app", help="another application to pair it with")
+    p.add_argument("--command", help="the application's command (default: its emulator)")
+    p.add_argument("--scale", type=float, help="emulated runs: profile time x this")
+    p.set_defaults(func=cmd_profile)
 
     p = sub.add_parser("cancel", parents=[common], help="cancel a job that has not finished")
     p.add_argument("id", type=_positive_int)

@@ -280,7 +280,17 @@ COSCHED = {
     # Container jobs (docs/containers.md): the images users may run, as comma-separated shell
     # patterns ("docker.io/library/*,localhost/*"); empty: any image.
     "CONTAINER_IMAGES": envlist("COSCHED_CONTAINER_IMAGES", ""),
+    # Measured profiles (docs/profiles.md, "Measured on the cluster"): a job's progress is cut
+    # into windows of at least OBSERVATION_WINDOW_S seconds (scheduler.knowledge observations);
+    # each scheduling cycle learns from the newest OBSERVATIONS_PER_TYPE of every job type it
+    # sees. MEASURED_PROFILES: "draft" (observations update a draft profile version for an
+    # administrator to approve), "approve" (the draft is approved at once) or "off".
+    "OBSERVATION_WINDOW_S": envfloat("COSCHED_OBSERVATION_WINDOW_S", 10.0),
+    "OBSERVATIONS_PER_TYPE": envint("COSCHED_OBSERVATIONS_PER_TYPE", 200),
+    "MEASURED_PROFILES": envstr("COSCHED_MEASURED_PROFILES") or "draft",
 }
+if COSCHED["MEASURED_PROFILES"] not in ("draft", "approve", "off"):
+    raise ValueError("COSCHED_MEASURED_PROFILES must be draft, approve or off")
 for _net in COSCHED["METRICS_ALLOWED_NETWORKS"]:  # a typo fails at start-up, not per scrape
     try:
         ipaddress.ip_network(_net, strict=False)

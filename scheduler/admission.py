@@ -14,7 +14,9 @@ What counts is the cluster as registered, whatever is busy or down now:
   for the job;
 - ``cpus``: per node (a gang asks ``cpus`` cores on each of its nodes), at most the cores of the
   largest node of the right kind (CPU nodes for CPU jobs, GPU nodes of a usable model for GPU
-  jobs; GPU nodes that do not track cores, ``cores == 0``, do not limit);
+  jobs; GPU nodes that do not track cores, ``cores == 0``, do not limit). A CPU job may also
+  run on a GPU node's spare cores (the policy parameter ``cpu_jobs_on_gpu_nodes``): there at
+  most the node's cores less one per GPU;
 - ``profile``: a profile whose GPU times name only models the cluster lacks.
 
 With no node registered at all, every job is admitted (an operator may submit before the first
@@ -37,7 +39,8 @@ class Capacity:
     ``gpus_by_model``: GPUs of each model over every node; ``memory_mb_by_model``: the largest
     GPU memory of each model (MB); ``cores_by_model``: the most cores of one node holding that
     model (0: a node that does not track cores); ``cpu_node_cores``: the most cores of one CPU
-    node (None: no CPU node).
+    node (None: no CPU node); ``gpu_node_spare_cores``: the most cores one GPU node counting its
+    cores could give a CPU job (its cores less one per GPU; None: no such node).
     """
 
     gpus_by_model: Mapping[str, int] = field(default_factory=dict)
@@ -45,6 +48,7 @@ class Capacity:
     cores_by_model: Mapping[str, int] = field(default_factory=dict)
     cpu_node_cores: int | None = None
     nodes: int = 0
+    gpu_node_spare_cores: int | None = None
 
     @property
     def empty(self) -> bool:
@@ -73,12 +77,15 @@ def capacity_of(nodes: Iterable[NodeState]) -> Capacity:
     memory: dict[str, float] = {}
     cores: dict[str, int] = {}
     cpu_cores: int | None = None
+    spare: int | None = None
     count = 0
     for node in nodes:
         count += 1
         if node.kind == NodeKind.CPU and not node.gpus:
             cpu_cores = max(cpu_cores or 0, node.cores)
             continue
+        if node.cores > len(node.gpus):
+            spare = max(spare or 0, node.cores - len(node.gpus))
         for gpu in node.gpus:
             model = gpu.spec.model
             gpus[model] = gpus.get(model, 0) + 1
@@ -88,7 +95,7 @@ def capacity_of(nodes: Iterable[NodeState]) -> Capacity:
                 cores[model] = 0
             else:
                 cores[model] = max(cores.get(model, 0), node.cores)
-    return Capacity(gpus, memory, cores, cpu_cores, count)
+    return Capacity(gpus, memory, cores, cpu_cores, count, spare)
 
 
 def _models_text(counts: Mapping[str, int]) -> str:
@@ -105,13 +112,18 @@ def admit(job: JobSpec, capacity: Capacity) -> Admission:
         return Admission(note="no node is registered yet: the job waits for the first one")
     errors: dict[str, str] = {}
     if job.gpus <= 0:
-        if capacity.cpu_node_cores is None:
+        most = max(capacity.cpu_node_cores or 0, capacity.gpu_node_spare_cores or 0)
+        if capacity.cpu_node_cores is None and capacity.gpu_node_spare_cores is None:
             errors["gpus"] = (
-                "this is a CPU job (0 GPUs) but the cluster has no CPU node; ask for at least 1 GPU"
+                "this is a CPU job (0 GPUs) but the cluster has no CPU node and no GPU node "
+                "with spare cores; ask for at least 1 GPU"
             )
-        elif job.cpus > capacity.cpu_node_cores:
+        elif job.cpus > most:
             errors["cpus"] = (
                 f"asks {job.cpus} cores; the largest CPU node has {capacity.cpu_node_cores}"
+                if most == capacity.cpu_node_cores
+                else f"asks {job.cpus} cores; at most {most} on one node (a GPU node keeps one "
+                "core per GPU)"
             )
         return Admission(errors)
 

@@ -71,6 +71,7 @@ from scheduler.catalog import UnknownGpuModel, gpu_spec
 from scheduler.domain import JobKind, Placement, Profile, SharingMode
 from workers import containers
 from workers import runner as runner_files
+from workers.gpu.attribution import AttemptProcesses, attribute
 from workers.gpu.base import DeviceInfo, GpuBackend, GpuBackendError
 from workers.isolation import GpuDevices, IsolationError, JobUsers, Limits, node_isolation
 from workers.launcher import LaunchError, build_env, is_portal_variable, new_reports, tail
@@ -78,6 +79,8 @@ from workers.profiles import ProfileFormatError, profile_from_json, profiles_doc
 from workers.protocol import (
     AUTH_SCHEME,
     DEFAULT_STOP_GRACE_S,
+    JOB_GPU_MEMORY,
+    JOB_GPU_UTIL,
     OUTCOMES,
     PROTOCOL_VERSION,
     RESULTS_PATH,
@@ -1271,6 +1274,8 @@ class NodeAgent:
                     a.progress = min(1.0, max(0.0, fraction))
                 if "iter" in report.fields:
                     a.iters_done = _int(report.get("iter"))
+                elif "steps" in report.fields:
+                    a.iters_done = _int(report.get("steps"))
                 a.iters_total = _int(report.get("iters")) or a.iters_total
                 a.iter_time_s = _float(report.get("iter_time_s")) or a.iter_time_s
                 a.active_s = _float(report.get("active_s")) or a.active_s
@@ -1288,7 +1293,10 @@ class NodeAgent:
 
     def samples(self, now: float) -> list[Sample]:
         """One round of readings: per GPU ``util_pct``, ``memory_used_mb``, ``memory_total_mb``;
-        per running attempt ``progress`` and the live Slow-Down (ALGORITHMS.md §5)."""
+        per running attempt and GPU the memory and SM utilisation of its own processes
+        (``job_gpu_memory_mb``, ``job_gpu_util_pct``: ``workers.gpu.attribution``); per running
+        attempt ``progress``, ``steps`` (iterations done, where the job counts them) and the
+        live Slow-Down (ALGORITHMS.md §5)."""
         out: list[Sample] = []
         if self.backend is not None:
             try:
@@ -1296,17 +1304,38 @@ class NodeAgent:
             except GpuBackendError as exc:
                 log.warning("%s: GPU sampling failed: %s", self.name, exc)
                 readings = []
+            procs = [
+                AttemptProcesses(
+                    key=a.key,
+                    job_pid=a.job_pid,
+                    runner_pid=a.runner_pid,
+                    pgids=a.job_pgids,
+                    cgroup=f"{self.marker}-job-{a.job_id}-{a.spec.attempt}",
+                )
+                for a in self._attempts.values()
+                if a.result is None
+            ]
             for r in readings:
                 if r.util_pct is not None:
                     out.append(Sample("util_pct", float(r.util_pct), now, r.index))
                 out.append(Sample("memory_used_mb", float(r.memory_used_mb), now, r.index))
                 out.append(Sample("memory_total_mb", float(r.memory_total_mb), now, r.index))
+                if not procs:
+                    continue
+                mine = attribute(r.index, r.process_memory_mb, r.process_util_pct, procs)
+                for key, got in sorted(mine.items()):
+                    job, attempt = key.job_id, key.attempt
+                    out.append(Sample(JOB_GPU_MEMORY, got.memory_mb, now, r.index, job, attempt))
+                    if got.util_pct is not None:
+                        out.append(Sample(JOB_GPU_UTIL, got.util_pct, now, r.index, job, attempt))
         for a in self._attempts.values():
             if a.result is not None or a.spec.node_rank != 0:
                 continue  # a gang's job figures come from its rank 0 only
             job, attempt = a.job_id, a.spec.attempt
             if a.progress is not None:
                 out.append(Sample("progress", a.progress, now, None, job, attempt))
+            if a.iters_done is not None:
+                out.append(Sample("steps", float(a.iters_done), now, None, job, attempt))
             sd = live_slowdown(
                 now,
                 a.started_at,

@@ -593,6 +593,17 @@ class AttemptResult:
         )
 
 
+#: Per-attempt GPU readings (``Sample`` with ``gpu_index``, ``job_id`` and ``attempt``): the GPU
+#: memory (MB) and SM utilisation (percent) of the attempt's own processes on that GPU, from
+#: NVML's per-process figures (``workers.gpu.attribution``).
+JOB_GPU_MEMORY = "job_gpu_memory_mb"
+JOB_GPU_UTIL = "job_gpu_util_pct"
+#: Per-attempt progress figures: ``progress`` (0..1 of the declared work) and ``steps``
+#: (iterations done, where the job counts them).
+JOB_PROGRESS = "progress"
+JOB_STEPS = "steps"
+
+
 @dataclass(frozen=True, slots=True)
 class Sample:
     """One metric reading (names and units: ``portal.core.metrics``). ``gpu_index`` files it

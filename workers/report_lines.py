@@ -22,6 +22,15 @@ One report per line, mixed freely with the job's own output (which the agent ign
 - ``fail``: ``fraction``, ``exit_code``
 - ``term``: ``fraction``, ``signal`` (e.g. ``SIGTERM``), ``exit_code``
 - ``checkpoint``: ``fraction`` saved in ``$COSCHED_CHECKPOINT_DIR``, ``attempt``
+
+**Any program** may report its progress the same way, in a short form::
+
+    @cosched progress 0.25 steps=300
+
+the fraction of its work done (0..1) as the first word, and optionally ``steps=N``, the
+application steps (iterations, mini-batches) done so far. The node agent sends both to the
+portal, which measures the job's throughput from them (docs/profiles.md, "Measured on the
+cluster"); ``workers.sdk`` prints this line from ``report()`` when it knows the total.
 """
 
 from __future__ import annotations
@@ -74,8 +83,10 @@ def parse_report(line: str) -> Report | None:
     if len(tokens) < 2 or tokens[0] != PREFIX:
         return None
     fields: dict[str, Any] = {}
-    for token in tokens[2:]:
+    for n, token in enumerate(tokens[2:]):
         key, sep, raw = token.partition("=")
         if sep and key:
             fields[key] = _value(raw)
+        elif n == 0 and tokens[1] == "progress" and isinstance(_value(token), (int, float)):
+            fields["fraction"] = _value(token)  # ``@cosched progress 0.25 steps=300``
     return Report(tokens[1], fields)

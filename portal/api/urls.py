@@ -8,6 +8,7 @@ from rest_framework.routers import DefaultRouter
 from portal.api import (  # noqa: F401  (schema registers the auth extension)
     dashboard,
     joblogs,
+    measured,
     schema,
     views,
 )
@@ -31,6 +32,9 @@ urlpatterns = [
     path("v1/jobs/<int:pk>/series/", dashboard.job_series, name="api-job-series"),
     path("v1/jobs/<int:pk>/log/", dashboard.job_log, name="api-job-log"),
     path("v1/jobs/<int:pk>/log/full/", joblogs.job_log_full, name="api-job-log-full"),
+    path("v1/jobs/<int:pk>/gpu-readings/", measured.job_gpu_readings, name="api-job-gpu-readings"),
+    path("v1/jobs/<int:pk>/observations/", measured.job_observations, name="api-job-observations"),
+    path("v1/profiling/", measured.profiling, name="api-profiling"),
     path("v1/usage/", teams_views.usage, name="api-usage"),
     path("v1/projects/", teams_views.my_projects, name="api-projects"),
     path("v1/", include(router.urls)),

@@ -35,7 +35,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -45,7 +45,7 @@ from django.db.models import Q
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from portal.core import adapters
+from portal.core import adapters, observations
 from portal.core.elastic import attempt_time_limit_s, regrouped_run_s
 from portal.core.models import TIME_LIMIT_REASON, Gpu, Job, Node, Placement, PlacementPart
 from portal.core.nodes import lease_kill_grace_s, lease_s, node_register
@@ -103,6 +103,8 @@ class _Effects:
 
     tails: dict[int, str]
     samples: list[Any]
+    # per-attempt samples of current attempts (GPU readings, progress): portal.core.observations
+    job_samples: list[Any] = field(default_factory=list)
 
 
 def agent_sync(request: SyncRequest) -> SyncReply:
@@ -291,6 +293,9 @@ def _apply_reports(
         }
         log_chunks_store(request.log_chunks, mine)
     effects.samples = _samples(node, request, current)
+    effects.job_samples = [
+        s for s in request.samples if s.job_id is not None and (s.job_id, s.attempt) in current
+    ]
     return acked
 
 
@@ -339,6 +344,7 @@ def _record_result(node: Node, part: PlacementPart, result: AttemptResult, now: 
         if unfinished:
             return  # a gang: the job completes when every rank has
         _finish(job, JobState.COMPLETED, actor, f"{result.detail} on {node.name}", exit_code=0)
+        transaction.on_commit(lambda: _observe_completion(job.pk, placement.pk))
     elif result.outcome == "exited" and (
         oom := oom_requeue(job, placement, result.exit_code, result.log_tail)
     ):
@@ -399,6 +405,13 @@ def _time_limit_reason(job: Job, attempt: int, detail: str) -> str:
     if detail.startswith(TIME_LIMIT_REASON):
         return detail
     return f"{TIME_LIMIT_REASON}: {detail}"
+
+
+def _observe_completion(job_id: int, placement_id: int) -> None:
+    try:
+        observations.close_and_complete(job_id, placement_id)
+    except Exception as exc:  # what was learned is a convenience: never fail the sync for it
+        log.warning("job %s: completion not observed: %s", job_id, exc)
 
 
 def _finish(job: Job, target: JobState, actor: str, message: str, **fields: Any) -> None:
@@ -667,6 +680,11 @@ def _after(node: Node, effects: _Effects) -> None:
             metrics_record(effects.samples)
     except Exception as exc:
         log.warning("node %s: metrics not recorded: %s", node.name, exc)
+    try:
+        if effects.job_samples:
+            observations.record_job_samples(node, effects.job_samples)
+    except Exception as exc:
+        log.warning("node %s: GPU readings and progress not recorded: %s", node.name, exc)
     try:
         log_tails_store(effects.tails)
     except Exception as exc:

@@ -388,12 +388,17 @@ def _buckets_sql(
 
 
 def metrics_prune(older_than: timedelta) -> int:
-    """Delete samples older than ``older_than`` from now (retention); returns how many."""
+    """Delete samples and per-job GPU readings older than ``older_than`` from now
+    (retention); returns how many. Observations (``JobObservation``) are kept: they are what
+    the scheduler learns from."""
+    from portal.core.models import GpuReading
+
     cutoff = timezone.now() - older_than
     deleted, _per_model = MetricSample.objects.filter(at__lt=cutoff).delete()
+    readings, _ = GpuReading.objects.filter(at__lt=cutoff).delete()
     stale = timezone.now() - timedelta(seconds=LOG_TAIL_TTL_S)
     JobLogTail.objects.filter(updated_at__lt=stale).delete()
-    return deleted
+    return deleted + readings
 
 
 # --- cluster snapshot ---------------------------------------------------------------------------

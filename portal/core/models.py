@@ -524,6 +524,9 @@ class Placement(models.Model):
         help_text="MASTER_PORT of a multi-process attempt, unique among the active attempts "
         "whose rank 0 is on the same node (portal.core.ports)",
     )
+    # Where the attempt's current progress window began (portal.core.observations): at (epoch
+    # s), fraction, steps and the co-runner types then; {} before its first progress report.
+    progress_mark = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -719,3 +722,60 @@ class JobLogTail(models.Model):
 
     def __str__(self) -> str:
         return f"log tail of job {self.job_id}"
+
+
+class GpuReading(models.Model):
+    """What one attempt's own processes held of one GPU at one moment: memory (MB) and SM
+    utilisation (percent; None where the GPU keeps no per-process samples), as the node agent
+    attributed NVML's per-process figures (``workers.gpu.attribution``)."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="gpu_readings")
+    attempt = models.PositiveIntegerField()
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    gpu_index = models.PositiveIntegerField()
+    at = models.DateTimeField()
+    memory_mb = models.FloatField(null=True, blank=True)
+    util_pct = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["at", "gpu_index"]
+        indexes = [models.Index(fields=["job", "attempt", "at"], name="gpu_reading_job_idx")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "attempt", "node", "gpu_index", "at"], name="gpu_reading_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id}.{self.attempt} GPU {self.gpu_index} at {self.at}"
+
+
+class JobObservation(models.Model):
+    """One ``scheduler.knowledge.Observation`` the portal derived from a job's progress (a
+    window of one attempt, or a completion); the fields are the Observation's."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="observations")
+    attempt = models.PositiveIntegerField(null=True, blank=True)
+    kind = models.CharField(max_length=16)
+    job_type = models.CharField(max_length=200, db_index=True)
+    at = models.DateTimeField()
+    window_s = models.FloatField()
+    gpu_model = models.CharField(max_length=40, null=True, blank=True)
+    gpus = models.PositiveIntegerField(default=1)
+    mode = models.CharField(max_length=16, choices=SHARING_MODES, default="exclusive")
+    co_runners = models.JSONField(default=list, blank=True)
+    progress_from = models.FloatField(default=0.0)
+    progress_to = models.FloatField(default=0.0)
+    steps = models.FloatField(null=True, blank=True)
+    owner = models.CharField(max_length=150, blank=True)
+    node = models.CharField(max_length=200, blank=True)
+    spread = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["at", "id"]
+        indexes = [models.Index(fields=["job_type", "at"], name="observation_type_idx")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} {self.kind} {self.progress_from:.3f}->{self.progress_to:.3f}"

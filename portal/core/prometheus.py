@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Q, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -42,7 +43,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from portal.core.models import Gpu, Job, Node, Placement
+from portal.core.models import Gpu, GpuReading, Job, Node, Placement
 from portal.core.states import PLACED, JobState
 
 log = logging.getLogger(__name__)
@@ -332,7 +333,7 @@ def _job_families(now: datetime) -> Iterable[Metric]:
     slowdown = GaugeMetricFamily(
         "cosched_job_slowdown",
         "Live Slow-Down of each running or paused job (ALGORITHMS.md §5; 1 = as fast as alone)",
-        labels=["job", "name", "user", "state"],
+        labels=["job_id", "name", "user", "state"],
     )
     known: list[float] = []
     for j in placed:
@@ -348,7 +349,49 @@ def _job_families(now: datetime) -> Iterable[Metric]:
         "SD_max_diff: largest minus smallest live Slow-Down over running jobs (ALGORITHMS.md §5)",
     )
     spread.add_metric([], max(known) - min(known) if len(known) > 1 else 0.0)
-    return [jobs, queue, oldest, mean, job_wait, slowdown, spread]
+    return [jobs, queue, oldest, mean, job_wait, slowdown, spread, *_job_gpu_families(placed)]
+
+
+JOB_GPU_FRESH_S = 300.0  # a job's GPU series shows its readings of the last five minutes
+
+
+def _job_gpu_families(placed: list[Job]) -> list[Metric]:
+    """The newest GPU reading of each running or paused job's current attempt, per GPU."""
+    memory = GaugeMetricFamily(
+        "cosched_job_gpu_memory_mb",
+        "GPU memory held by a job's own processes on one GPU (MB, NVML per-process)",
+        labels=["job_id", "user", "node", "gpu"],
+    )
+    util = GaugeMetricFamily(
+        "cosched_job_gpu_util_pct",
+        "SM utilisation of a job's own processes on one GPU (percent, NVML per-process samples)",
+        labels=["job_id", "user", "node", "gpu"],
+    )
+    if not placed:
+        return [memory, util]
+    by_id = {j.pk: j for j in placed}
+    fresh = GpuReading.objects.filter(
+        job_id__in=list(by_id), at__gte=timezone.now() - timedelta(seconds=JOB_GPU_FRESH_S)
+    ).select_related("node")
+    newest: dict[tuple[int, str, int], GpuReading] = {}
+    recent = (
+        fresh.order_by("job_id", "node_id", "gpu_index", "-at").distinct(
+            "job_id", "node_id", "gpu_index"
+        )
+        if connection.vendor == "postgresql"
+        else fresh.order_by("at")
+    )
+    for r in recent:
+        key = (r.job_id, r.node.name if r.node else "", r.gpu_index)
+        if key not in newest or r.at >= newest[key].at:
+            newest[key] = r
+    for (job_id, node, gpu), r in sorted(newest.items()):
+        labels = [str(job_id), by_id[job_id].owner.get_username(), node, str(gpu)]
+        if r.memory_mb is not None:
+            memory.add_metric(labels, r.memory_mb)
+        if r.util_pct is not None:
+            util.add_metric(labels, r.util_pct)
+    return [memory, util]
 
 
 def _node_families(now: datetime) -> Iterable[Metric]:

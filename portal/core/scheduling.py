@@ -39,6 +39,7 @@ from django.utils import timezone
 
 from portal.core import adapters, jobcontrol, training
 from portal.core.models import Gpu, Job, JobEvent, Node, Placement, PlacementPart, PolicySettings
+from portal.core.observations import build_knowledge
 from portal.core.outbox import emit_nudges
 from portal.core.prometheus import observe_decision_latency
 from portal.core.services import job_cancel, job_nodes, job_preempt, job_transition
@@ -262,12 +263,17 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
             )
         )
 
+    pending = tuple(to_spec(j) for j in pending_rows)
     state = ClusterState(
         now_s=_seconds(now),
         nodes=tuple(node_states),
-        pending=tuple(to_spec(j) for j in pending_rows),
+        pending=pending,
         running=tuple(running),
         accounts=accounts_snapshot(now),
+        # What the cluster measured of these jobs' types (portal.core.observations).
+        knowledge=build_knowledge(
+            {j.type_key() for j in pending} | {r.job.type_key() for r in running}
+        ),
     )
     return Snapshot(
         state=state,

@@ -22,6 +22,11 @@ urlpatterns = [
     path("jobs/array/<int:array_id>/", job_control_views.job_array, name="job_array"),
     path("profiles/", views.profiles, name="profiles"),
     path("profiles/<int:profile_id>/", views.profile_detail, name="profile_detail"),
+    path(
+        "profiles/<int:profile_id>/profiling/",
+        views.profile_profiling,
+        name="profile_profiling",
+    ),
     path("cluster/", views.cluster, name="cluster"),
     path("cluster/node-tokens/", views.node_tokens, name="node_tokens"),
     path(

@@ -17,9 +17,10 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.core import node_ops, selectors, validation
-from portal.core.models import Job, Node, PolicySettings
+from portal.core.models import Gpu, Job, Node, PolicySettings
 from portal.core.node_ops import node_state_label
 from portal.core.policy_settings import validate_policy_settings
+from portal.core.profiling import profiling_jobs, profiling_submit
 from portal.core.services import IdempotencyConflict, job_cancel, job_preempt, job_submit
 from portal.core.states import PLACED, IllegalTransition, JobState
 from portal.front import profile_metrics
@@ -245,8 +246,36 @@ def profile_detail(request: HttpRequest, profile_id: int) -> HttpResponse:
                 if request.user.is_staff
                 else None
             ),
+            "profiling_jobs": profiling_jobs(profile)[:20] if request.user.is_staff else [],
+            "gpu_models": (
+                sorted(set(Gpu.objects.values_list("model", flat=True)))
+                if request.user.is_staff
+                else []
+            ),
         },
     )
+
+
+@login_required
+@require_POST
+def profile_profiling(request: HttpRequest, profile_id: int) -> HttpResponse:
+    """Staff: start a profiling run of this profile (portal.core.profiling)."""
+    if not request.user.is_staff:
+        raise PermissionDenied("staff only")
+    profile = selectors.profile_for_user(request.user, profile_id)
+    models = [m for m in request.POST.getlist("models") if m]
+    other_id = request.POST.get("with_profile") or ""
+    other = None
+    if other_id.isdigit():
+        other = selectors.profile_for_user(request.user, int(other_id))
+    try:
+        run, jobs = profiling_submit(request.user, profile, models=models, with_profile=other)
+    except ValidationError as exc:
+        for field, errors in exc.message_dict.items():
+            messages.error(request, f"{field}: {'; '.join(errors)}")
+    else:
+        messages.success(request, f"Profiling run {run}: {len(jobs)} jobs submitted.")
+    return redirect("profile_detail", profile_id=profile.pk)
 
 
 # -- cluster ----------------------------------------------------------------------------------

@@ -119,6 +119,9 @@ Common parameters (``framework_defaults``; policies add their own):
 - ``unconsolidated_speed`` (float, 0.74 = ``scheduler.domain.UNCONSOLIDATED_SPEED``): speed of
   a gang relative to one node where its profile has no unconsolidated time (the median of
   Gavel's measured ratios); used in explanations and predicted ends, an estimate only.
+- ``cpu_jobs_on_gpu_nodes`` (bool, True): a job asking for no GPU may run on a GPU node's spare
+  cores (its free cores less one per idle GPU, ``spare_cores``), after every CPU node on equal
+  scores; the node hides every GPU device from it and its cores count against the node.
 """
 
 from __future__ import annotations
@@ -152,6 +155,9 @@ from scheduler.policies.base import Policy, PolicyError
 _MB_PER_GB = 1024.0
 _SHARED_MODES = (SharingMode.MPS, SharingMode.TIME_SLICING)
 
+#: A job parameter naming the one GPU model the job may run on.
+GPU_MODEL_PARAM = "gpu_model"
+
 framework_defaults: dict[str, Any] = {
     "backfill": True,
     "reserve": False,
@@ -163,6 +169,9 @@ framework_defaults: dict[str, Any] = {
     "interference_params": None,
     "colocation_check": "measured",
     "unconsolidated_speed": UNCONSOLIDATED_SPEED,
+    # A job asking for no GPU may run on a GPU node's spare cores (after every CPU node; the
+    # node hides every GPU device from it): docs/policies.md.
+    "cpu_jobs_on_gpu_nodes": True,
 }
 
 
@@ -171,6 +180,14 @@ def mps_owners(jobs: Sequence[JobSpec]) -> tuple[str | None, ...]:
     time per GPU (ALGORITHMS §4): a job may join an MPS GPU only when this is its own owner
     alone; jobs without an owner (traces) count as one anonymous user."""
     return tuple(sorted({j.owner for j in jobs}, key=lambda o: (o is not None, o or "")))
+
+
+def spare_cores(node: WorkNode) -> int:
+    """Cores of ``node`` a CPU job may take: its free cores, less one for each idle GPU of a
+    GPU node (kept for the GPU jobs it may still take)."""
+    if node.kind == NodeKind.CPU:
+        return node.free_cores
+    return max(0, node.free_cores - sum(node.idle_by_sid.values()))
 
 
 def gb(mb: float) -> str:
@@ -1292,7 +1309,11 @@ class FrameworkPolicy(Policy):
         return None
 
     def allowed_models(self, job: JobSpec) -> frozenset[str] | None:
-        """GPU models ``job`` may run on (None: any). See ``profiled_models_only``."""
+        """GPU models ``job`` may run on (None: any). See ``profiled_models_only``; a job whose
+        ``params`` name a ``gpu_model`` (the profiling runs, docs/profiles.md) runs on it only."""
+        pinned = job.params.get(GPU_MODEL_PARAM) if job.params else None
+        if pinned:
+            return frozenset({str(pinned)})
         if not self.params.get("profiled_models_only", True) or job.profile is None:
             return None
         times = job.profile.gpu_time_s
@@ -1541,11 +1562,23 @@ class FrameworkPolicy(Policy):
     # -- the default filter ------------------------------------------------------------------------
 
     def _cpu_candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
-        return [
+        out = [
             Candidate(node, (), SharingMode.EXCLUSIVE)
             for node in view.cpu_nodes
             if node.up and not node.barred and node.free_cores >= job.cpus
         ]
+        if job.gpus <= 0 and self.params.get("cpu_jobs_on_gpu_nodes", True):
+            # GPU nodes' spare cores, after the CPU nodes on equal scores: what is left after
+            # one core for each of its idle GPUs (a node that does not count its cores,
+            # cores <= 0, takes no CPU job: nothing would bound them).
+            for node in view.nodes:
+                if node.kind == NodeKind.CPU or not node.up or node.cores <= 0:
+                    continue
+                if spare_cores(node) >= job.cpus:
+                    cand = Candidate(node, (), SharingMode.EXCLUSIVE)
+                    cand._rank = (1, 0, cand.order)
+                    out.append(cand)
+        return out
 
     def _multi_gpu_candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
         k, need, allowed = job.gpus, job.memory_need_mb(), self.allowed_models(job)
@@ -1668,12 +1701,16 @@ class FrameworkPolicy(Policy):
         only = f" (profiled models: {', '.join(sorted(allowed))})" if allowed is not None else ""
         if job.gpus <= 0:
             up = [n for n in view.cpu_nodes if n.up]
+            where = "CPU nodes"
+            if self.params.get("cpu_jobs_on_gpu_nodes", True):
+                up += [n for n in view.nodes if n.kind != NodeKind.CPU and n.up and n.cores > 0]
+                where = "nodes"
             if not up:
                 return "CPU job: no CPU node is up"
-            most = max(up, key=lambda n: n.free_cores)
+            most = max(up, key=spare_cores)
             return (
-                f"CPU job needs {job.cpus} free cores: most free is {most.free_cores} on "
-                f"{most.name} ({len(up)} CPU nodes up)"
+                f"CPU job needs {job.cpus} free cores: most free is {spare_cores(most)} on "
+                f"{most.name} ({len(up)} {where} up)"
             )
         if view.gpu_count == 0:
             return "no GPU in the cluster"

@@ -95,8 +95,11 @@ class JobTimes:
     can_cpu: bool
 
 
-def job_times(job: JobSpec, gpu_models: frozenset[str], has_cpu_nodes: bool) -> JobTimes:
-    """GPU and CPU time of ``job`` in this cluster, and which sides it can run on."""
+def job_times(
+    job: JobSpec, gpu_models: frozenset[str], has_cpu_nodes: bool, gpu_node_cores: bool = False
+) -> JobTimes:
+    """GPU and CPU time of ``job`` in this cluster, and which sides it can run on
+    (``gpu_node_cores``: a job asking for no GPU may also use a GPU node's spare cores)."""
     best: tuple[float, str] | None = None
     if job.profile is not None:
         for model, t in sorted(job.profile.gpu_time_s.items()):
@@ -108,7 +111,9 @@ def job_times(job: JobSpec, gpu_models: frozenset[str], has_cpu_nodes: bool) -> 
     # A profile without GPU times says nothing against any GPU (as in the framework's filter).
     unprofiled = job.profile is None or not job.profile.gpu_time_s
     can_gpu = job.gpus >= 1 and (best is not None or unprofiled)
-    can_cpu = has_cpu_nodes and (job.gpus == 0 or (cpu is not None and job.gpus == 1))
+    can_cpu = (has_cpu_nodes and (job.gpus == 0 or (cpu is not None and job.gpus == 1))) or (
+        gpu_node_cores and job.gpus == 0
+    )
     return JobTimes(best[0] if best else None, best[1] if best else None, cpu, can_gpu, can_cpu)
 
 
@@ -287,7 +292,10 @@ class PlacementRatePolicy(UsedMemoryGuard):
         up = [n for n in state.nodes if n.up]
         models = frozenset(g.spec.model for n in up for g in n.gpus)
         cpu_nodes = [n for n in up if n.kind == NodeKind.CPU]
-        times = [job_times(j, models, bool(cpu_nodes)) for j in pending]
+        on_gpu_nodes = bool(self.params.get("cpu_jobs_on_gpu_nodes", True)) and any(
+            n.kind != NodeKind.CPU and n.cores > 0 for n in up
+        )
+        times = [job_times(j, models, bool(cpu_nodes), on_gpu_nodes) for j in pending]
         rates = placement_rates(pending, times, self.features, state.now_s)
         order = sorted(range(len(pending)), key=lambda i: (-rates[i], i))
         for pos, i in enumerate(order, start=1):

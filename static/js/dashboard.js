@@ -249,6 +249,31 @@
 
   var jobState = root.dataset.jobState;
 
+  // The job's own GPU memory and SM utilisation, one trace per attempt and GPU.
+  function updateJobGpu(body) {
+    var groups = {};
+    var order = [];
+    body.readings.forEach(function (r) {
+      var key = "attempt " + r.attempt + ", " + (r.node || "?") + " GPU " + r.gpu_index;
+      if (!groups[key]) { groups[key] = { x: [], mem: [], util: [] }; order.push(key); }
+      groups[key].x.push(r.at);
+      groups[key].mem.push(r.memory_mb);
+      groups[key].util.push(r.util_pct);
+    });
+    function traces(field) {
+      return order.filter(function (key) {
+        return groups[key][field].some(function (v) { return v !== null; });
+      }).map(function (key, i) {
+        return { type: "scatter", mode: "lines", name: key, x: groups[key].x, y: groups[key][field],
+          line: { color: COLORS[i % COLORS.length], shape: "hv" } };
+      });
+    }
+    draw("plot-job-gpu-memory", traces("mem"), baseLayout("MB"));
+    draw("plot-job-gpu-util", traces("util"), baseLayout("%", { yaxis: { title: { text: "%" }, range: [0, 100] } }));
+    var peak = body.summary.reduce(function (m, s) { return Math.max(m, s.memory_peak_mb || 0); }, 0);
+    setText("job-gpu-peak", body.summary.length ? fmtMb(peak) : "—");
+  }
+
   function pollJob() {
     var d = root.dataset;
     return Promise.all([
@@ -272,6 +297,7 @@
         draw("plot-job-slowdown", lineTraces({ series: slowdown }), baseLayout("Slow-Down"));
         if (progress && progress.points) setText("job-progress", Math.round(100 * progress.v[progress.v.length - 1]) + " %");
       }),
+      d.urlJobGpu ? getJSON(d.urlJobGpu).then(updateJobGpu) : null,
       getJSON(d.urlJobLog).then(function (log) {
         var pre = el("job-log");
         var source = { live: "live from the node agent", file: "from the log file", none: "" }[log.source];

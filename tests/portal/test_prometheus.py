@@ -134,9 +134,10 @@ def test_scrape_matches_the_database(client, alice, bob, store):
     assert value(s, "cosched_gpu_jobs", node="gpu-1", gpu="0") == 1
     assert value(s, "cosched_gpu_jobs", node="gpu-1", gpu="1") == 0
 
-    assert value(s, "cosched_job_slowdown", job=str(running[0].pk), user="alice") == 1.25
-    assert value(s, "cosched_job_slowdown", job=str(running[1].pk), state="paused") == 1.75
+    assert value(s, "cosched_job_slowdown", job_id=str(running[0].pk), user="alice") == 1.25
+    assert value(s, "cosched_job_slowdown", job_id=str(running[1].pk), state="paused") == 1.75
     assert value(s, "cosched_slowdown_max_diff") == pytest.approx(0.5)
+    assert "job" not in {k for labels, _ in s["cosched_job_slowdown"] for k in labels}
 
     assert value(s, "cosched_node_heartbeat_age_seconds", node="gpu-1") == pytest.approx(42, abs=5)
     assert "cpu-1" not in {labels["node"] for labels, _ in s["cosched_node_heartbeat_age_seconds"]}
@@ -303,3 +304,32 @@ def test_the_dashboard_lays_its_panels_out_without_overlap():
     for p in panels:
         if p["type"] != "row":
             assert p["datasource"]["uid"] == "${datasource}" and "datasource" in variables
+
+
+def test_per_job_gpu_series_carry_the_newest_reading_labelled_job_id(client, alice, store):
+    from portal.core.models import GpuReading
+
+    node, _ = make_cluster()
+    running = [
+        Job.objects.create(owner=alice, name=f"train-{i}", gpus=1, state=state)
+        for i, state in enumerate(["RUNNING", "PAUSED"])
+    ]
+    now = timezone.now()
+    for at, mb, util in ((now - timedelta(seconds=20), 1000.0, 30.0), (now, 3000.0, 80.0)):
+        GpuReading.objects.create(
+            job=running[0], attempt=1, node=node, gpu_index=0, at=at, memory_mb=mb, util_pct=util
+        )
+    # a reading of an hour ago is no current series
+    GpuReading.objects.create(
+        job=running[1],
+        attempt=1,
+        node=node,
+        gpu_index=1,
+        at=now - timedelta(hours=1),
+        memory_mb=500.0,
+    )
+    s = scrape(client)
+    labels = {"job_id": str(running[0].pk), "node": "gpu-1", "gpu": "0", "user": "alice"}
+    assert value(s, "cosched_job_gpu_memory_mb", **labels) == 3000.0
+    assert value(s, "cosched_job_gpu_util_pct", **labels) == 80.0
+    assert [lab["job_id"] for lab, _ in s["cosched_job_gpu_memory_mb"]] == [str(running[0].pk)]

@@ -144,7 +144,7 @@ def check_plan(state: ClusterState, plan: Plan, max_jobs_per_gpu: int | None = N
         if j.gpus == 0:
             node = nodes[p.node]
             assert not p.is_gang, f"CPU job {j.id} spread over nodes"
-            assert node.kind == NodeKind.CPU and not p.gpu_indices, f"CPU job {j.id} on {node}"
+            assert not p.gpu_indices, f"CPU job {j.id} given GPUs on {node}"
         else:
             keys = p.gpu_keys
             assert len(keys) == j.gpus == len(set(keys)), f"{j.id}: {j.gpus} GPUs asked, {p}"

@@ -78,9 +78,16 @@ def test_profile_models_limit_the_gpu_count():
     assert "at most 4 exist" in admit(job, CLUSTER).errors["gpus"]
 
 
-def test_no_cpu_node_refuses_cpu_jobs():
-    cap = capacity_of([_gpu_node("g", "V100", 2)])
+def test_no_cpu_node_and_no_spare_gpu_node_cores_refuses_cpu_jobs():
+    cap = capacity_of([_gpu_node("g", "V100", 2, cores=2)])
     assert set(admit(JobSpec("1", gpus=0), cap).errors) == {"gpus"}
+
+
+def test_a_cpu_job_may_use_a_gpu_nodes_spare_cores():
+    cap = capacity_of([_gpu_node("g", "V100", 2, cores=8)])  # one core kept per GPU: 6 spare
+    assert admit(JobSpec("1", gpus=0, cpus=6), cap).ok
+    refused = admit(JobSpec("1", gpus=0, cpus=7), cap).errors["cpus"]
+    assert refused == "asks 7 cores; at most 6 on one node (a GPU node keeps one core per GPU)"
 
 
 def test_nodes_that_do_not_track_cores_never_limit():

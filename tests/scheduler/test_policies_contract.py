@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -243,9 +244,20 @@ def test_mig_share_mode_respects_slices(name):
 
 @pytest.mark.parametrize("name", POLICIES)
 def test_nothing_fits_everyone_waits_with_a_reason(name):
-    plan = build_policy(name).schedule(_full(), random.Random(0))
+    # The CPU job could use the GPU node's spare cores: with that setting off, nothing fits.
+    plan = build_policy(name, {"cpu_jobs_on_gpu_nodes": False}).schedule(_full(), random.Random(0))
     assert plan.decisions == ()
     assert set(plan.waiting) == {"x", "y"}
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_cpu_job_runs_on_a_gpu_nodes_spare_cores_without_its_gpus(name):
+    state = replace(_full(), pending=(job("y", 1, gpus=0, cpus=7),))
+    (decision,) = build_policy(name).schedule(state, random.Random(0)).decisions
+    placement = decision.placement
+    assert (placement.job_id, placement.node, placement.gpu_indices) == ("y", "v0", ())
+    off = build_policy(name, {"cpu_jobs_on_gpu_nodes": False})
+    assert off.schedule(state, random.Random(0)).decisions == ()
 
 
 @pytest.mark.parametrize("name", POLICIES)

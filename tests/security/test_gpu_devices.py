@@ -317,3 +317,64 @@ def test_the_agent_says_at_start_whether_gpu_devices_are_constrained(
         f"GPU devices: not constrained (the agent runs as cst-mallory (uid {mallory.pw_uid}) "
         f"without CAP_SYS_ADMIN" in line
     ), line
+
+
+@pytest.fixture
+def spare_agent(node, shared_dir, device_dir) -> Iterator[NodeAgent]:
+    """The agent above, running alice's jobs as an account of this test's own."""
+    name = "cst-spare-alice"
+    subprocess.run(["userdel", name], capture_output=True, check=False)
+    subprocess.run(
+        ["useradd", "--no-create-home", "--user-group", "--shell", "/bin/sh", name],
+        check=True,
+        capture_output=True,
+    )
+    agent = NodeAgent(
+        NODE,
+        VirtualBackend("A30x2", node=NODE),
+        InProcessTransport(),
+        cores=8,
+        memory_mb=16384,
+        data_dir=shared_dir,
+        sample_every_s=0.0,
+        job_users=JobUsers(OWNER, user_map={"alice": name}, fallback="none"),
+        gpu_device_dir=device_dir,
+    )
+    yield agent
+    agent.shutdown(kill_jobs=True)
+    kill_marked_processes(agent.marker)
+    subprocess.run(["userdel", name], capture_output=True, check=False)
+
+
+def test_the_scheduler_runs_a_cpu_job_on_a_gpu_nodes_spare_cores_with_every_gpu_hidden(
+    alice, spare_agent, node, device_dir
+):
+    from portal.core.models import PolicySettings
+
+    agent = spare_agent
+    from portal.core.scheduling import build_snapshot, run_cycle
+    from portal.core.services import job_submit
+
+    # No CPU node in this cluster: only the GPU node's spare cores can take a CPU job.
+    PolicySettings.objects.create(name="t", policy="binpack", params={}, active=True)
+    cpu_job, _ = job_submit(alice, name="cpu", command=_read_both(device_dir), gpus=0, cpus=3)
+    too_big, _ = job_submit(alice, name="big", command="true", gpus=0, cpus=4)
+    result = run_cycle()
+    assert result.placed == [cpu_job.pk]
+    placement = Placement.objects.get(job=cpu_job)
+    assert placement.node == node and not placement.gpus.exists()
+    # 8 cores, 3 given to the CPU job, one kept for each of the 2 idle GPUs: 3 spare
+    too_big.refresh_from_db()
+    assert "needs 4 free cores: most free is 3 on iso-gpu-1" in too_big.waiting_reason
+    (state,) = build_snapshot().state.nodes
+    assert state.free_cores == 5  # the CPU job's cores count against the node
+    job = _until_ended(agent, cpu_job)
+    seen = _seen(agent, job)
+    assert job.state == "COMPLETED", agent.log_path(job.pk).read_text()
+    assert _denied(seen[("none", 0)]) and _denied(seen[("none", 1)]), seen
+    _host_view_unchanged(device_dir)
+    # with the setting off, a CPU job waits for a CPU node
+    PolicySettings.objects.filter(active=True).update(params={"cpu_jobs_on_gpu_nodes": False})
+    run_cycle()
+    too_big.refresh_from_db()
+    assert too_big.state == "PENDING" and "no CPU node is up" in too_big.waiting_reason

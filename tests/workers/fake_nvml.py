@@ -113,6 +113,8 @@ class FakeGpu:
     sm_count: int | None = 80
     minor_number: int | None = None  # None: NOT_SUPPORTED
     processes: dict[int, float | None] = field(default_factory=dict)  # pid -> MB (None: hidden)
+    # nvmlDeviceGetProcessUtilization: (pid, timestamp us, SM %) samples the GPU keeps
+    process_samples: list[tuple[int, int, int]] = field(default_factory=list)
     mig_enabled: bool | None = None  # None: MIG not supported on this model
     mig_pending: bool | None = None  # MIG mode after the next reset (None: as now)
     migs: dict[int, FakeMig] = field(default_factory=dict)  # slot -> instance
@@ -246,6 +248,17 @@ class FakeNvml:
     def nvmlDeviceGetComputeRunningProcesses(self, handle: _Handle) -> list[SimpleNamespace]:
         self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
         return self._procs(handle.mig.processes if handle.mig else handle.gpu.processes)
+
+    def nvmlDeviceGetProcessUtilization(self, handle: _Handle, since: int) -> list[SimpleNamespace]:
+        self._enter("nvmlDeviceGetProcessUtilization", handle)
+        found = [
+            SimpleNamespace(pid=pid, timeStamp=ts, smUtil=sm, memUtil=0, encUtil=0, decUtil=0)
+            for pid, ts, sm in handle.gpu.process_samples
+            if ts > since
+        ]
+        if not found:  # as NVML: nothing newer than ``since``
+            raise NVMLError(NVML_ERROR_NOT_FOUND)
+        return found
 
     def nvmlDeviceGetMaxMigDeviceCount(self, handle: _Handle) -> int:
         self._enter("nvmlDeviceGetMaxMigDeviceCount", handle)

@@ -81,6 +81,8 @@ class GpuSample:
 
     ``util_pct`` is None where the device cannot report it (NVML on a GPU in MIG mode).
     ``process_memory_mb`` maps a process id to the GPU memory it holds on this GPU (MB);
+    ``process_util_pct`` maps a process id to its SM utilisation since the previous reading
+    (percent; empty where the GPU gives no per-process samples);
     ``job_memory_mb`` maps a job id to its memory where the backend knows jobs (virtual only);
     ``mig_memory_used_mb`` maps a MIG instance UUID to its used memory (MB).
     """
@@ -92,6 +94,7 @@ class GpuSample:
     memory_used_mb: float
     memory_total_mb: float
     process_memory_mb: Mapping[int, float] = field(default_factory=dict)
+    process_util_pct: Mapping[int, float] = field(default_factory=dict)
     job_memory_mb: Mapping[str, float] = field(default_factory=dict)
     mig_memory_used_mb: Mapping[str, float] = field(default_factory=dict)
 

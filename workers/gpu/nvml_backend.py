@@ -7,7 +7,9 @@ tests can hand it a fake; the backend only uses pynvml's public names, and catch
 Readings: memory from ``nvmlDeviceGetMemoryInfo`` (bytes -> MiB), utilisation from
 ``nvmlDeviceGetUtilizationRates().gpu`` (None where NVML does not support it, e.g. a GPU in MIG
 mode), per-process memory from ``nvmlDeviceGetComputeRunningProcesses`` (processes whose memory
-NVML cannot see are left out), MIG instances from ``nvmlDeviceGetMigDeviceHandleByIndex``, the
+NVML cannot see are left out), per-process SM utilisation from
+``nvmlDeviceGetProcessUtilization`` (the mean of the samples since the previous reading; none
+where the GPU does not keep them), MIG instances from ``nvmlDeviceGetMigDeviceHandleByIndex``, the
 minor number of each GPU's device node (``/dev/nvidia<minor>``) from ``nvmlDeviceGetMinorNumber``.
 
 MIG layouts (``apply_mig_layout``): checked against the catalogue's placement rules first;
@@ -102,6 +104,7 @@ class NvmlBackend:
         self.nvml = nvml
         self.clock = clock
         self._open = False
+        self._util_seen: dict[int, int] = {}  # GPU index -> newest process sample (us)
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as exc:
@@ -239,6 +242,27 @@ class NvmlBackend:
                 out[int(proc.pid)] = out.get(int(proc.pid), 0.0) + used / MIB
         return out
 
+    def _process_util(self, index: int, handle: Any) -> dict[int, float]:
+        """Mean SM utilisation per process over the samples NVML took since the last call
+        (``nvmlDeviceGetProcessUtilization``; empty where the GPU or driver has none)."""
+        call = getattr(self.nvml, "nvmlDeviceGetProcessUtilization", None)
+        if call is None:
+            return {}
+        since = self._util_seen.get(index, 0)
+        found = self._optional(call, handle, since)
+        if not found:
+            return {}
+        sums: dict[int, list[float]] = {}
+        newest = since
+        for s in found:
+            stamp = int(getattr(s, "timeStamp", 0) or 0)
+            if stamp <= since:
+                continue
+            newest = max(newest, stamp)
+            sums.setdefault(int(s.pid), []).append(float(getattr(s, "smUtil", 0) or 0))
+        self._util_seen[index] = newest
+        return {pid: sum(v) / len(v) for pid, v in sums.items()}
+
     def sample(self, now: float | None = None) -> list[GpuSample]:
         n = self.nvml
         stamp = self.clock() if now is None else now
@@ -267,6 +291,7 @@ class NvmlBackend:
                     memory_used_mb=memory.used / MIB,
                     memory_total_mb=memory.total / MIB,
                     process_memory_mb=processes,
+                    process_util_pct=self._process_util(index, handle),
                     mig_memory_used_mb=mig_used,
                 )
             )

@@ -321,16 +321,22 @@ class VirtualBackend:
         for index, spec in enumerate(self.specs):
             on_gpu = self._jobs_on(index)
             job_mem = {job.job_id: memory_at(job.profile, job.progress) for job in on_gpu}
+            util = self.utilisation(index)
+            running = [j for j in on_gpu if j.pid is not None and not j.paused]
             samples.append(
                 GpuSample(
                     index=index,
                     uuid=self.gpu_uuid(index),
                     timestamp=stamp,
-                    util_pct=self.utilisation(index),
+                    util_pct=util,
                     memory_used_mb=sum(job_mem.values(), 0.0),
                     memory_total_mb=float(spec.memory_mb),
                     process_memory_mb={
                         job.pid: job_mem[job.job_id] for job in on_gpu if job.pid is not None
+                    },
+                    # Per-process samples: the GPU's utilisation shared by its running jobs.
+                    process_util_pct={
+                        job.pid: util / len(running) for job in running if job.pid is not None
                     },
                     job_memory_mb=job_mem,
                     mig_memory_used_mb={

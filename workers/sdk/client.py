@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 import urllib.error
@@ -41,6 +42,7 @@ JOB_TOKEN_PREFIX = "cjt_"  # noqa: S105
 REPORT_PATH = "/api/v1/training/report/"
 ELASTIC_PATH = "/api/v1/training/elastic/"
 RATIO_TOTAL = 10
+PROGRESS_EVERY_S = 1.0  # at most one progress line a second (``TrainingClient.report``)
 
 
 class SdkError(RuntimeError):
@@ -125,6 +127,7 @@ class TrainingClient:
         strict: bool = False,
         clock: Callable[[], float] = time.monotonic,
         environ: Mapping[str, str] | None = None,
+        progress_lines: bool = True,
     ) -> None:
         env = os.environ if environ is None else environ
         self.url = (url if url is not None else env.get(URL_ENV, "")).rstrip("/")
@@ -144,6 +147,9 @@ class TrainingClient:
         # The job's clock starts with its client (create it before the first iteration).
         self._t0 = self._epoch_t0 = clock()
         self._epoch_iter0 = 0
+        # ``report`` prints progress lines (workers.report_lines) unless told not to.
+        self.progress_lines = progress_lines
+        self._progress_at = -math.inf
 
     def report(
         self,
@@ -159,6 +165,7 @@ class TrainingClient:
         now = self.clock()
         if iterations_total is not None:
             self.iterations_total = iterations_total
+        self._print_progress(iteration, now, force=epoch_end)
         if not epoch_end:
             return None
         done = iteration - self._epoch_iter0
@@ -209,6 +216,19 @@ class TrainingClient:
     def split(self, global_batch: int) -> list[int]:
         """``split_batch`` by the current data ratio (the whole batch on one device without one)."""
         return split_batch(global_batch, self.data_ratio or [RATIO_TOTAL])
+
+    def _print_progress(self, iteration: int, now: float, *, force: bool = False) -> None:
+        """``@cosched progress <fraction> steps=<iteration>`` on stdout (at most one a
+        second, and at every epoch end) when the total is known: the node agent reads it, and
+        the portal measures the job's throughput from it (workers.report_lines)."""
+        total = self.iterations_total
+        if not self.progress_lines or not total or total <= 0:
+            return
+        if not force and now - self._progress_at < PROGRESS_EVERY_S:
+            return
+        self._progress_at = now
+        fraction = min(1.0, max(0.0, iteration / total))
+        print(f"@cosched progress {fraction:.6g} steps={int(iteration)}", flush=True)
 
     def report_window(
         self,

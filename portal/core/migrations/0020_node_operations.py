@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('core', '0017_node_container_runtimes'),
+        ('core', '0018_measured'),
     ]
 
     operations = [
