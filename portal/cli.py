@@ -696,6 +696,8 @@ def cmd_update(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
     else:
         said = ", ".join(f"{k} {v}" for k, v in body.items())
         out.write(f"Updated job {job['id']} ({job.get('name', '')}): {said}\n")
+
+
 def cmd_profile(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     """Staff: short solo (and pair) runs of an application, measured into a draft profile."""
     body: dict[str, Any] = {
