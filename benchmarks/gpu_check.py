@@ -264,7 +264,9 @@ def _env(work: Path) -> dict[str, str]:
         COSCHED_SYNC_INTERVAL_S="1",
         COSCHED_CYCLE_EVERY_S="1",
         COSCHED_OBSERVATION_WINDOW_S="3",
-        PYTHONPATH=str(ROOT),
+        # The project first; a PYTHONPATH the caller set (wheels unpacked beside the machine's
+        # own packages, as on a lent GPU machine) stays after it.
+        PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
     )
     return env
 
