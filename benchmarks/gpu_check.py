@@ -88,18 +88,22 @@ print(f"gpu-check t={now:.3f} steps={n}", flush=True)
 print(f"gpu-check done it_per_s={n / (now - t0):.2f} steps={n}", flush=True)
 """
 
-# A CPU job on the GPU node: try every /dev/nvidia* (and the GPU dir given) and say what opened.
+# A CPU job on the GPU node: try every /dev/nvidia* (and the GPU dir given) and say what opened:
+# it must open no GPU device node (/dev/nvidia<N>).
 CPU_SCRIPT = r"""
-import glob, os, sys
-opened, refused = [], []
+import glob, os, re, sys
+opened, refused, control = [], [], []
 paths = sorted(set(glob.glob("/dev/nvidia*") + glob.glob(os.path.join(sys.argv[1], "nvidia*"))))
 for path in paths:
     try:
         with open(path, "rb"):
-            opened.append(path)
+            # /dev/nvidia<N> is a GPU; nvidiactl, nvidia-uvm, ... are the driver's control nodes,
+            # which stay visible by design (no GPU is usable without its own device node).
+            (opened if re.fullmatch(r"nvidia\d+", os.path.basename(path)) else control).append(path)
     except OSError as exc:
         refused.append(f"{path}:{exc.errno}")
-print("gpu-check cpu opened=" + ",".join(opened) + " refused=" + ",".join(refused), flush=True)
+print("gpu-check cpu opened=" + ",".join(opened) + " refused=" + ",".join(refused)
+      + " control=" + ",".join(control), flush=True)
 print(f"gpu-check cpu cuda_visible={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}", flush=True)
 sys.exit(1 if opened else 0)
 """
@@ -546,7 +550,7 @@ def check_cpu_job(run: Run, device_dir: str) -> None:
 
     placement = Placement.objects.filter(job_id=job_id).select_related("node").first()
     text = run.log(job_id)
-    opened = re.search(r"gpu-check cpu opened=(\S*) refused=(\S*)", text)
+    opened = re.search(r"gpu-check cpu opened=(\S*) refused=(\S*)(?: control=(\S*))?", text)
     state = run.job(job_id)["state"]
     ok = (
         state == "COMPLETED"
@@ -560,7 +564,9 @@ def check_cpu_job(run: Run, device_dir: str) -> None:
         Row(
             "CPU job on the GPU node opens no GPU",
             ok,
-            f"{state} on {placement.node.name if placement else '?'}; refused {refused or 'none'}",
+            f"{state} on {placement.node.name if placement else '?'}; GPUs opened: "
+            f"{(opened.group(1) if opened else '?') or 'none'}; refused {refused or 'none'}; "
+            f"control nodes open (by design): {(opened.group(3) if opened else '') or 'none'}",
         )
     )
 

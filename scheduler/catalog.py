@@ -11,13 +11,13 @@ hardware; docs/sharing.md has the table per model):
   the same. ``GpuSpec.mps_thread_limit`` says whether the GPU honours
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (Volta and later): policies give a percentage only
   there. One MPS server serves one unix user at a time per GPU.
-- **MIG**: Ampere A30 / A100 and Hopper H100, with fixed instance profiles (``mig_profiles``)
+- **MIG**: Ampere A30 / A100 and Hopper H100 / H200, with fixed instance profiles (``mig_profiles``)
   and placement rules (``MIG_PLACEMENTS``): an instance of width ``w`` may start only at the
   listed slots of the GPU's ``MIG_SLOTS`` memory slices, and instances may not overlap. That
   is what makes some layouts impossible (two ``3g.20gb`` and a ``1g.5gb`` on an A100: the
   ``3g`` instances take all eight memory slices). ``valid_mig_layout`` and ``mig_layouts``
   answer from these rules. Source: NVIDIA MIG user guide, "Supported MIG profiles" (A30-24GB,
-  A100-SXM4-40GB, H100-80GB tables and placement diagrams).
+  A100-SXM4-40GB, H100-80GB, H200-141GB tables and placement diagrams).
 
 A cluster spec may override any field of a model (e.g. restrict ``sharing_modes`` to what a
 site configured, as the ``sharing001`` scenario does).
@@ -124,12 +124,31 @@ CATALOG: dict[str, GpuSpec] = {
             ),
             7,
         ),
+        # H200 (SXM, 141 GB HBM3e; NVML reports 143,771 MiB): the H100's SMs and placement
+        # rules with more memory per instance (NVIDIA MIG user guide, H200-141GB table).
+        _gpu(
+            "H200",
+            "Hopper",
+            143771,
+            132,
+            4800.0,
+            67000.0,
+            _MIG,
+            _mig(
+                ("1g.18gb", 1, 18),
+                ("2g.35gb", 2, 35),
+                ("3g.71gb", 3, 71),
+                ("4g.71gb", 4, 71),
+                ("7g.141gb", 7, 141),
+            ),
+            7,
+        ),
     )
 }
 
 #: MIG placement rules per model: memory slices of the GPU, and per profile its width in those
 #: slices and the slices it may start at (NVIDIA MIG user guide placement diagrams).
-MIG_SLOTS: dict[str, int] = {"A30": 4, "A100": 8, "H100": 8}
+MIG_SLOTS: dict[str, int] = {"A30": 4, "A100": 8, "H100": 8, "H200": 8}
 MIG_PLACEMENTS: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {
     "A30": {
         "1g.6gb": (1, (0, 1, 2, 3)),
@@ -149,6 +168,13 @@ MIG_PLACEMENTS: dict[str, dict[str, tuple[int, tuple[int, ...]]]] = {
         "3g.40gb": (4, (0, 4)),
         "4g.40gb": (4, (0,)),
         "7g.80gb": (8, (0,)),
+    },
+    "H200": {
+        "1g.18gb": (1, (0, 1, 2, 3, 4, 5, 6)),
+        "2g.35gb": (2, (0, 2, 4)),
+        "3g.71gb": (4, (0, 4)),
+        "4g.71gb": (4, (0,)),
+        "7g.141gb": (8, (0,)),
     },
 }
 
@@ -325,6 +351,8 @@ ALIASES: dict[str, str] = {
     "a100-sxm4-80gb": "A100",
     "h100": "H100",
     "nvidia h100 80gb hbm3": "H100",
+    "h200": "H200",
+    "nvidia h200": "H200",
 }
 
 

@@ -27,13 +27,18 @@ def test_mps_runs_on_every_catalogue_model(model):
 
 def test_thread_limit_from_volta_on():
     limited = {m for m, s in CATALOG.items() if s.mps_thread_limit}
-    assert limited == {"V100", "T4", "RTX2080Ti", "QuadroRTX6000", "A30", "A100", "H100"}
+    assert limited == {"V100", "T4", "RTX2080Ti", "QuadroRTX6000", "A30", "A100", "H100", "H200"}
     assert not has_mps_thread_limit("Pascal") and has_mps_thread_limit("Volta")
     assert not has_mps_thread_limit("SomethingNew")  # unknown: no limit assumed
 
 
 def test_mig_only_on_ampere_and_hopper():
-    assert {m for m, s in CATALOG.items() if s.supports(SharingMode.MIG)} == {"A30", "A100", "H100"}
+    assert {m for m, s in CATALOG.items() if s.supports(SharingMode.MIG)} == {
+        "A30",
+        "A100",
+        "H100",
+        "H200",
+    }
     assert [p.name for p in CATALOG["A30"].mig_profiles] == ["1g.6gb", "2g.12gb", "4g.24gb"]
 
 
