@@ -131,6 +131,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from scheduler.domain import (
+    SHARING_ALLOWED,
+    SHARING_NEVER,
     UNCONSOLIDATED_SPEED,
     ClusterState,
     Decision,
@@ -182,6 +184,30 @@ def job_type_key(job: JobSpec) -> str:
     """What makes two jobs interchangeable for pooling and scoring: the job type, else the
     profile name, else the job id (no pooling). ``JobSpec.type_key``."""
     return job.type_key()
+
+
+def memory_basis(job: JobSpec) -> str:
+    """What the policy knows of ``job``'s GPU memory: "9.1 GB declared", "8.3 GB, its
+    profile's max" or "unknown (no profiled max, no gpu_memory_mb)"."""
+    if job.gpu_memory_mb is not None:
+        return f"{gb(job.gpu_memory_mb)} GB declared"
+    if job.profile is not None and job.profile.gpu_memory_max_mb is not None:
+        return f"{gb(job.profile.gpu_memory_max_mb)} GB, its profile's max"
+    return "unknown (no profiled max, no gpu_memory_mb)"
+
+
+def request_text(job: JobSpec, cand: Candidate | None) -> str:
+    """What a GPU job's placement (``cand``) or waiting reason (None) adds about its request:
+    "; a GPU of its own: <why>" for a job that may not share; "; packed on its GPU memory:
+    <basis>" for a job placed beside others; "" otherwise."""
+    if job.gpus <= 0:
+        return ""
+    why = job.whole_gpu_reason()
+    if why is not None:
+        return f"; whole GPUs of its own: {why}"
+    if cand is not None and cand.residents:
+        return f"; shares (sharing: {job.sharing}) on its GPU memory: {memory_basis(job)}"
+    return ""
 
 
 def oom_beside(job: JobSpec, residents: Sequence[str], shunned: frozenset[str]) -> str | None:
@@ -359,6 +385,12 @@ class Candidate:
     @property
     def pool_size(self) -> int:
         return len(self.pool) if self.pool is not None else 1
+
+    def start_fresh(self, mode: SharingMode) -> None:
+        """Run on the candidate's idle GPU(s) under ``mode`` (no MIG instance): what a job's
+        request (``FrameworkPolicy.honour_request``) makes of a policy's choice."""
+        self.mode = mode
+        self.mig_profile = None
 
 
 @dataclass(slots=True, eq=False)
@@ -1048,6 +1080,8 @@ class FrameworkPolicy(Policy):
                     explanation = self.explain_gang(job, chosen, cands, view)
                 else:
                     explanation = self.explain(job, chosen, cands, view)
+                if chosen.gpus:
+                    explanation += request_text(job, chosen)
                 placement = view.reserve(job, chosen)
                 decisions.append(Decision(placement, self.name, explanation, chosen.score))
             if held is not None and regime == "short":
@@ -1067,7 +1101,7 @@ class FrameworkPolicy(Policy):
                         f"these GPUs only if predicted to end by then; "
                         f"{reason or 'no feasible placement'}"
                     )
-            waiting[job.id] = reason or "no feasible placement"
+            waiting[job.id] = (reason or "no feasible placement") + request_text(job, None)
             if not backfill:
                 blocked_by = job
         return Plan(decisions=tuple(decisions), waiting=waiting)
@@ -1087,7 +1121,9 @@ class FrameworkPolicy(Policy):
         reason = view.failures.get(key)
         cands: list[Candidate] = []
         if reason is None:
-            cands = [c for c in self.candidates(job, view) if self.keep(job, c, view)]
+            cands = self.honour_request(
+                job, [c for c in self.candidates(job, view) if self.keep(job, c, view)]
+            )
             if not cands:
                 if regime == "long" and held is not None:
                     # Kept off the reserved GPUs: would it fit on them?
@@ -1241,6 +1277,7 @@ class FrameworkPolicy(Policy):
             else None,
             job.oom_with or None,  # observed pairs: jobs of one shape fit differently
             job.owner,  # MPS GPUs take one owner's jobs: owners fit differently
+            (job.sharing, job.may_share(), job.allow_cpu),  # what the job allows
         )
 
     def feasibility_key(self, job: JobSpec) -> Any:
@@ -1259,6 +1296,35 @@ class FrameworkPolicy(Policy):
     def keep(self, job: JobSpec, cand: Candidate, view: WorkingView) -> bool:
         """Extra filter on one candidate (default: keep)."""
         return True
+
+    def honour_request(self, job: JobSpec, cands: list[Candidate]) -> list[Candidate]:
+        """The candidates that honour what the job asked (docs/jobs.md), for every policy:
+
+        - a GPU job that may not run on a CPU node (``allow_cpu`` off) gets no CPU candidate;
+        - a job that may not share (``JobSpec.whole_gpu_reason``: ``sharing: never``, or its
+          GPU memory is unknown) gets no GPU with residents, and an idle GPU under EXCLUSIVE
+          (a fresh sharing mode would let others join it);
+        - ``sharing: mps`` / ``time_slicing`` joins only GPUs under that mode, and an idle GPU
+          starts under it where the GPU supports it (else exclusive); a MIG profile name joins
+          only instances of that profile, and an idle GPU otherwise runs it whole, exclusive.
+        """
+        if job.gpus <= 0:
+            return cands
+        out: list[Candidate] = []
+        shares = job.may_share()
+        wanted = job.sharing
+        for c in cands:
+            if not c.gpus:
+                if job.allow_cpu:
+                    out.append(c)
+                continue
+            if c.residents:
+                if not shares or not _mode_matches(c, wanted):
+                    continue
+            elif not shares or not _mode_matches(c, wanted):
+                _make_fresh(c, wanted if shares else SHARING_NEVER)
+            out.append(c)
+        return out
 
     def fresh_mode(self, spec: GpuSpec) -> SharingMode:
         """The mode an idle GPU gets: EXCLUSIVE, or for co-locating policies ``share_mode`` if
@@ -1711,6 +1777,31 @@ class FrameworkPolicy(Policy):
                     f"(at most {max(mig_free)} free compute slices on a MIG GPU)"
                 )
         return text
+
+
+def _mode_matches(cand: Candidate, wanted: str) -> bool:
+    """Whether ``cand``'s mode is one a job asking ``sharing: wanted`` accepts."""
+    if wanted == SHARING_ALLOWED:
+        return True
+    if wanted in (SharingMode.MPS.value, SharingMode.TIME_SLICING.value):
+        return cand.mode == SharingMode(wanted)
+    if wanted == SHARING_NEVER:
+        return cand.mode == SharingMode.EXCLUSIVE
+    return cand.mode == SharingMode.MIG and (
+        cand.mig_profile is not None and cand.mig_profile.name == wanted
+    )
+
+
+def _make_fresh(cand: Candidate, wanted: str) -> None:
+    """Start ``cand``'s idle GPU(s) under the mode ``sharing: wanted`` asks: MPS or
+    time-slicing where every GPU supports it, else exclusive (a whole GPU satisfies any
+    request)."""
+    mode = SharingMode.EXCLUSIVE
+    if wanted in (SharingMode.MPS.value, SharingMode.TIME_SLICING.value):
+        asked = SharingMode(wanted)
+        if all(g.spec.supports(asked) for g in cand.gpus) and len(cand.gpus) == 1:
+            mode = asked
+    cand.start_fresh(mode)
 
 
 def _gpu_at(node: NodeState, index: int) -> GpuState | None:

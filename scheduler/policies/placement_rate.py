@@ -108,7 +108,10 @@ def job_times(job: JobSpec, gpu_models: frozenset[str], has_cpu_nodes: bool) -> 
     # A profile without GPU times says nothing against any GPU (as in the framework's filter).
     unprofiled = job.profile is None or not job.profile.gpu_time_s
     can_gpu = job.gpus >= 1 and (best is not None or unprofiled)
-    can_cpu = has_cpu_nodes and (job.gpus == 0 or (cpu is not None and job.gpus == 1))
+    # A GPU job goes to a CPU node only when it allows it (``allow_cpu``: ``device: auto``).
+    can_cpu = has_cpu_nodes and (
+        job.gpus == 0 or (cpu is not None and job.gpus == 1 and job.allow_cpu)
+    )
     return JobTimes(best[0] if best else None, best[1] if best else None, cpu, can_gpu, can_cpu)
 
 
