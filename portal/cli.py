@@ -10,8 +10,8 @@ A plain HTTP client of the REST API (``requests``); it imports nothing from Djan
 
 The job file (YAML or JSON) holds the API's job fields: ``name``, ``command``, ``profile`` (an
 id, or the name of an approved profile), ``gpus``, ``gpu_memory_mb``, ``cpus``, ``memory_mb``,
-``kind``, ``params``, ``priority``, ``time_limit`` (and ``container_image``,
-``elastic_min_workers``, ``elastic_max_workers``, ``elastic_deadline_s`` or
+``sharing``, ``device``, ``kind``, ``params``, ``priority``, ``time_limit`` (and
+``container_image``, ``elastic_min_workers``, ``elastic_max_workers``, ``elastic_deadline_s`` or
 ``elastic_value_per_hour``, ``max_global_batch``). ``submit --time-limit`` overrides the file's
 ``time_limit``.
 
@@ -300,7 +300,10 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
         ("profile", _profile_text(job)),
         ("gpus", job.get("gpus")),
         ("gpu memory", f"{job['gpu_memory_mb']} MB" if job.get("gpu_memory_mb") else "-"),
+        *([("sharing", job["sharing"])] if job.get("gpus") and job.get("sharing") else []),
+        *([("device", job["device"])] if job.get("device") else []),
         ("cpus", job.get("cpus")),
+        *([("memory", f"{job['memory_mb']} MB")] if job.get("memory_mb") else []),
         ("priority", job.get("priority")),
         *([("time limit", _limit_text(job))] if job.get("time_limit") else []),
         ("submitted", _when(job.get("submitted_at"))),
@@ -419,6 +422,11 @@ def cmd_submit(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
     if getattr(args, "project", None):
         fields["project"] = args.project
         raw += b"\nproject: " + args.project.encode()  # a new project is a new job
+    for flag, name in (("sharing", "sharing"), ("device", "device"), ("memory", "memory_mb")):
+        value = getattr(args, flag, None)
+        if value is not None:  # overrides the file's field; another request, another job
+            fields[name] = value
+            raw += f"\n{name}: {value}".encode()
     headers: dict[str, str] = {}
     key = (
         None if args.no_idempotency_key else (args.idempotency_key or default_idempotency_key(raw))
@@ -834,6 +842,22 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _memory_mb(text: str) -> int:
+    """Host memory as sbatch's --mem takes it: MB, or a number with K, M, G or T."""
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+    raw = text.strip().upper().removesuffix("B")
+    scale = 1.0
+    if raw and raw[-1] in units:
+        scale, raw = units[raw[-1]], raw[:-1]
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (e.g. 16G)") from None
+    if not 1 <= value < 2**53:
+        raise argparse.ArgumentTypeError(f"must be at least 1 MB: {text!r}")
+    return int(-(-value // 1))
+
+
 JOB_FILE_HELP = """\
 job file (YAML, or JSON when the name ends in .json; - reads standard input):
 
@@ -844,7 +868,11 @@ job file (YAML, or JSON when the name ends in .json; - reads standard input):
   gpus: 1                         # 0 = CPU-only job (default 0)
   gpu_memory_mb: 8000             # per GPU (default: the profile's maximum)
   cpus: 4                         # cores (default 1)
-  memory_mb: 16000                # host memory (optional)
+  memory_mb: 16000                # host memory, reserved on the node and enforced (optional)
+  sharing: never                  # never (GPUs of its own; the usual site default), allowed,
+                                  #   mps, time_slicing or a MIG profile such as 1g.6gb
+  device: gpu                     # gpu (GPUs only), auto (the policy may pick a CPU node for
+                                  #   a one-GPU job) or cpu (a CPU-only job, gpus: 0)
   kind: dl-train                  # dl-train, dl-infer, hpc or other (default: the profile's)
   priority: 0                     # -1000..1000, higher first under priority-aware policies
   time_limit: 2h                  # per attempt: 90s, 30m, 2h, 1-00:00:00 or seconds; past it
@@ -921,6 +949,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--project", help="the project (team) to submit to (default: the file's, else yours)"
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print only the job id")
+    p.add_argument(
+        "--sharing",
+        help="never (GPUs of its own), allowed, mps, time_slicing or a MIG profile; overrides "
+        "the file's sharing (default: the site's, usually never)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["gpu", "auto", "cpu"],
+        help="gpu: GPUs only; auto: the policy may run a one-GPU job on a CPU node; cpu: "
+        "CPU only; overrides the file's device",
+    )
+    p.add_argument(
+        "--memory",
+        type=_memory_mb,
+        metavar="SIZE",
+        help="host memory: MB, or with a unit (512M, 16G, 1T); overrides the file's memory_mb",
+    )
     p.add_argument(
         "--time-limit",
         type=_time_limit,

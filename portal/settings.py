@@ -12,6 +12,7 @@ from pathlib import Path
 import dj_database_url
 
 from portal.env import envbool, envfloat, envint, envlist, envstr
+from scheduler.domain import sharing_error
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("COSCHED_DATA_DIR", str(BASE_DIR / "var")))
@@ -241,7 +242,12 @@ COSCHED = {
     # jobs count their core-seconds times FAIRSHARE_CPU_WEIGHT (GPU-seconds count 1).
     "FAIRSHARE_HALF_LIFE_S": envfloat("COSCHED_FAIRSHARE_HALF_LIFE_S", 7 * 24 * 3600.0),
     "FAIRSHARE_CPU_WEIGHT": envfloat("COSCHED_FAIRSHARE_CPU_WEIGHT", 0.0),
+    # A job that does not say whether its GPUs may be shared gets this (docs/jobs.md): never,
+    # allowed, mps, time_slicing or a MIG profile name.
+    "DEFAULT_SHARING": envstr("COSCHED_DEFAULT_SHARING", "never"),
 }
+if _sharing_problem := sharing_error(COSCHED["DEFAULT_SHARING"]):
+    raise ValueError(f"COSCHED_DEFAULT_SHARING: {_sharing_problem}")
 for _net in COSCHED["METRICS_ALLOWED_NETWORKS"]:  # a typo fails at start-up, not per scrape
     try:
         ipaddress.ip_network(_net, strict=False)

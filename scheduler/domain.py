@@ -9,6 +9,7 @@ GFLOPS (``*_gflops``). Optional profile metrics are ``None`` when unknown.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -37,6 +38,18 @@ TRUE_WORK_FACTOR = "true_work_factor"
 SHARING_NEVER = "never"
 SHARING_ALLOWED = "allowed"
 SHARING_CHOICES = (SHARING_NEVER, SHARING_ALLOWED, "mps", "time_slicing")
+
+
+_MIG_NAME = re.compile(r"[1-9][0-9]?g\.[0-9]+gb(\+me)?")
+
+
+def sharing_error(value: str) -> str | None:
+    """Why ``value`` is no ``JobSpec.sharing`` value, or None."""
+    if value in SHARING_CHOICES or _MIG_NAME.fullmatch(value):
+        return None
+    return (
+        f"{value!r} is none of {', '.join(SHARING_CHOICES)} nor a MIG profile name such as 1g.6gb"
+    )
 
 
 class SharingMode(StrEnum):
@@ -394,6 +407,8 @@ class NodeState:
     free_cores: int
     memory_mb: float = 0.0
     up: bool = True
+    # Host memory (MB) not reserved by the jobs there; None: not tracked (no limit).
+    free_memory_mb: float | None = None
     gpus: tuple[GpuState, ...] = ()
 
 

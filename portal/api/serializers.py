@@ -231,7 +231,28 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         "gpu_memory_mb", required=False, allow_null=True, help_text="per GPU"
     )
     cpus = _bounded_int("cpus", required=False, help_text="cores (per node for a multi-node job)")
-    memory_mb = _bounded_int("memory_mb", required=False, allow_null=True)
+    memory_mb = _bounded_int(
+        "memory_mb",
+        required=False,
+        allow_null=True,
+        help_text="host memory (MB): at most the largest node's; reserved on the node and "
+        "enforced by the runner",
+    )
+    sharing = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=40,
+        help_text="whether the job's GPUs may be shared: never (GPUs of its own), allowed, mps, "
+        "time_slicing or a MIG profile name (1g.6gb); empty: the site default "
+        "(docs/jobs.md)",
+    )
+    device = serializers.ChoiceField(
+        choices=["gpu", "auto", "cpu"],
+        required=False,
+        allow_blank=True,
+        help_text="gpu: GPUs only; auto: a one-GPU job the policy may run on a CPU node; cpu: a "
+        "CPU-only job (gpus 0); empty: gpu for a GPU job, cpu for a CPU one",
+    )
     kind = serializers.ChoiceField(choices=JOB_KINDS, required=False)
     params = JsonObjectField(
         required=False,
@@ -318,6 +339,8 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "gpu_memory_mb",
             "cpus",
             "memory_mb",
+            "sharing",
+            "device",
             "kind",
             "params",
             "priority",

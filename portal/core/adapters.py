@@ -127,6 +127,10 @@ def job_to_domain(job: Job, *, epoch: Any = None) -> JobSpec:
         time_limit_s=None if job.time_limit_s is None else float(job.time_limit_s),
         project=job.project.name if job.project_id is not None and job.project else None,
         oom_with=frozenset(str(t) for t in job.oom_with or ()),
+        # Request semantics (docs/jobs.md): a live job with no known GPU memory is never packed.
+        sharing=job.sharing or "never",
+        allow_cpu=job.device == "auto",
+        pack_unknown_memory=False,
     )
 
 

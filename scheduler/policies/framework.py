@@ -282,10 +282,12 @@ class WorkNode:
         "order",
         "idle_by_sid",
         "size_by_sid",
+        "free_memory_mb",
     )
 
     def __init__(self, node: NodeState, order: int) -> None:
         self.name = node.name
+        self.free_memory_mb = node.free_memory_mb  # host memory; None: not tracked
         self.kind = node.kind
         self.cores = node.cores
         self.free_cores = node.free_cores
@@ -681,6 +683,8 @@ class WorkingView:
             self.touched.add(node.order)
             if node.cores > 0:
                 node.free_cores -= job.cpus
+            if node.free_memory_mb is not None:
+                node.free_memory_mb -= job.memory_mb
             for gpu in gpus:
                 self._remove_from_pool(gpu)
                 gpu.jobs = [*gpu.jobs, job]
@@ -1121,10 +1125,12 @@ class FrameworkPolicy(Policy):
         reason = view.failures.get(key)
         cands: list[Candidate] = []
         if reason is None:
-            cands = self.honour_request(
-                job, [c for c in self.candidates(job, view) if self.keep(job, c, view)]
-            )
-            if not cands:
+            fitting = [c for c in self.candidates(job, view) if self.keep(job, c, view)]
+            cands = self.honour_request(job, fitting)
+            if fitting and not cands:
+                reason = self.request_refusal(job, fitting)
+                view.failures[key] = reason
+            elif not cands:
                 if regime == "long" and held is not None:
                     # Kept off the reserved GPUs: would it fit on them?
                     view.show_idle(held.work)
@@ -1277,7 +1283,7 @@ class FrameworkPolicy(Policy):
             else None,
             job.oom_with or None,  # observed pairs: jobs of one shape fit differently
             job.owner,  # MPS GPUs take one owner's jobs: owners fit differently
-            (job.sharing, job.may_share(), job.allow_cpu),  # what the job allows
+            (job.sharing, job.may_share(), job.allow_cpu, job.memory_mb),  # what it allows
         )
 
     def feasibility_key(self, job: JobSpec) -> Any:
@@ -1297,9 +1303,35 @@ class FrameworkPolicy(Policy):
         """Extra filter on one candidate (default: keep)."""
         return True
 
+    def request_refusal(self, job: JobSpec, fitting: list[Candidate]) -> str:
+        """Why every placement that fits ``job`` breaks what it asked (``honour_request``
+        left none): its host memory, its own GPUs, or its device."""
+        parts = [node for c in fitting for node, _ in c.parts]
+        tracked = [n.free_memory_mb for n in parts if n.free_memory_mb is not None]
+        if job.memory_mb > 0 and tracked and max(tracked) < job.memory_mb:
+            return (
+                f"needs {job.memory_mb:.0f} MB of host memory on a node: at most "
+                f"{max(tracked):.0f} MB free on the {len(fitting)} placement(s) that fit "
+                "otherwise"
+            )
+        gpu = [c for c in fitting if c.gpus]
+        if job.gpus > 0 and not gpu:
+            return (
+                f"device gpu: it runs on GPUs only, and the {len(fitting)} placement(s) that "
+                "fit are on CPU nodes (device auto allows them)"
+            )
+        if not job.may_share():  # the waiting reason then says why (``request_text``)
+            return f"no idle GPU fits; the {len(gpu)} shared GPU(s) with room are not for it"
+        return (
+            f"the {len(gpu)} placement(s) that fit are not in the mode it asked "
+            f"(sharing: {job.sharing})"
+        )
+
     def honour_request(self, job: JobSpec, cands: list[Candidate]) -> list[Candidate]:
         """The candidates that honour what the job asked (docs/jobs.md), for every policy:
 
+        - a job asking host memory (``memory_mb``) only on nodes with that much free (where
+          nodes track it; the first GPU of a pool stands for the pool, as for cores);
         - a GPU job that may not run on a CPU node (``allow_cpu`` off) gets no CPU candidate;
         - a job that may not share (``JobSpec.whole_gpu_reason``: ``sharing: never``, or its
           GPU memory is unknown) gets no GPU with residents, and an idle GPU under EXCLUSIVE
@@ -1308,6 +1340,15 @@ class FrameworkPolicy(Policy):
           starts under it where the GPU supports it (else exclusive); a MIG profile name joins
           only instances of that profile, and an idle GPU otherwise runs it whole, exclusive.
         """
+        if job.memory_mb > 0:  # host memory, reserved per node (docs/jobs.md)
+            cands = [
+                c
+                for c in cands
+                if all(
+                    node.free_memory_mb is None or node.free_memory_mb >= job.memory_mb
+                    for node, _ in c.parts
+                )
+            ]
         if job.gpus <= 0:
             return cands
         out: list[Candidate] = []
@@ -1435,6 +1476,11 @@ class FrameworkPolicy(Policy):
         if not cand.gpus:
             return f"placed {where}: CPU node chosen among {len(cands)} that fit"
         gpu = cand.gpus[0]
+        if len(cand.gpus) == 1:  # a one-GPU job in the mode it asked (``honour_request``)
+            return (
+                f"placed {where} {self.residents_text(cand)}: chosen among {len(cands)} GPUs "
+                f"that fit what it asked (sharing: {job.sharing}); {self.fit_text(job, cand)}"
+            )
         return (
             f"placed {where}: {len(cand.gpus)} whole idle {gpu.spec.model} on one node "
             f"(multi-GPU jobs do not share), chosen among {len(cands)} node groups that fit; "
@@ -1797,6 +1843,13 @@ def _make_fresh(cand: Candidate, wanted: str) -> None:
     time-slicing where every GPU supports it, else exclusive (a whole GPU satisfies any
     request)."""
     mode = SharingMode.EXCLUSIVE
+    if cand.mode == SharingMode.MIG and len(cand.gpus) == 1:
+        # The policy starts a MIG GPU: the instance asked, if the GPU offers it.
+        gpu = cand.gpus[0]
+        prof = gpu.spec.mig_profile(wanted)
+        if prof is not None and prof.compute_slices <= gpu.free_mig_slices():
+            cand.mig_profile = prof
+            return
     if wanted in (SharingMode.MPS.value, SharingMode.TIME_SLICING.value):
         asked = SharingMode(wanted)
         if all(g.spec.supports(asked) for g in cand.gpus) and len(cand.gpus) == 1:
