@@ -7,6 +7,7 @@ A plain HTTP client of the REST API (``requests``); it imports nothing from Djan
     cosched submit job.yaml        # prints the job id and state
     cosched wait 42 --timeout 3600 # exit code 0 only if the job COMPLETED
     cosched status 42 | cosched cancel 42 | cosched jobs --state PENDING,RUNNING
+    cosched history --since 7d --state FAILED   # finished jobs, like sacct
 
 The job file (YAML or JSON) holds the API's job fields: ``name``, ``command``, ``profile`` (an
 id, or the name of an approved profile), ``gpus``, ``gpu_memory_mb``, ``cpus``, ``memory_mb``,
@@ -665,6 +666,52 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
     return EXIT_OK
 
 
+def cmd_history(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """Finished jobs, as ``sacct`` lists them: elapsed, queue wait, GPU-hours, exit code,
+    reason and nodes, over a time window and filters."""
+    params: dict[str, Any] = {"page_size": min(args.limit, 500), "finished_since": args.since}
+    if args.until:
+        params["finished_until"] = args.until
+    if args.state:
+        params["state"] = args.state.upper()
+    for name in ("user", "project"):
+        if getattr(args, name):
+            params[name] = getattr(args, name)
+    _, data = client.request("GET", "/api/v1/jobs/", params=params)
+    jobs = data.get("results", []) if isinstance(data, dict) else data
+    jobs = jobs[: args.limit]
+    total = data.get("count", len(jobs)) if isinstance(data, dict) else len(jobs)
+    if args.json:
+        _emit_json(jobs, out)
+        return EXIT_OK
+    if not jobs:
+        out.write(f"No job finished since {args.since}.\n")
+        return EXIT_OK
+    headers = ["ID", "NAME", "USER", "STATE", "EXIT", "ELAPSED", "WAIT", "GPU-H", "NODES"]
+    headers.append("REASON")
+    rows = []
+    for job in jobs:
+        elapsed = job.get("elapsed_s")
+        rows.append(
+            [
+                job["id"],
+                _shorten(job.get("name", ""), 30),
+                job.get("owner", ""),
+                job["state"],
+                "-" if job.get("exit_code") is None else job["exit_code"],
+                "-" if elapsed is None else _duration(elapsed),
+                _duration(job.get("queue_wait_s") or 0),
+                f"{job.get('gpu_hours') or 0:.2f}",
+                ",".join(job.get("nodes") or []) or "-",
+                _shorten(job.get("failure_reason") or job.get("end_label") or "", 50),
+            ]
+        )
+    out.write(_table(rows, headers) + "\n")
+    if total > len(jobs):
+        err.write(f"({len(jobs)} of {total} jobs shown; use --limit or a shorter window)\n")
+    return EXIT_OK
+
+
 def cmd_nodes(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     """The cluster's nodes, as ``sinfo`` lists a Slurm partition; staff also see how each node
     keeps its jobs apart (``NodeInfo.isolation``)."""
@@ -1029,6 +1076,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="cut waiting reasons to this many characters (0: whole; default 70)",
     )
     p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser(
+        "history",
+        parents=[common],
+        help="finished jobs, like sacct: elapsed, wait, GPU-hours, exit code, reason, nodes",
+        description="Jobs that finished in a window (yours and your projects'; staff: all).",
+    )
+    p.add_argument("--since", default="1d", help="7d, 24h, 30m, 2w or a date (default 1d)")
+    p.add_argument("--until", help="same forms (default: now)")
+    p.add_argument("--state", help="state(s), comma-separated, e.g. FAILED,CANCELLED")
+    p.add_argument("--user", help="only this user's jobs")
+    p.add_argument("--project", help="only this project's jobs")
+    p.add_argument("--limit", type=int, default=100, help="at most this many jobs (default 100)")
+    p.set_defaults(func=cmd_history)
 
     p = sub.add_parser(
         "nodes",

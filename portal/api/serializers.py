@@ -326,6 +326,16 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     attempts = serializers.SerializerMethodField(
         help_text="every start of the job, first first: where, when, and how it ended"
     )
+    elapsed_s = serializers.SerializerMethodField(
+        help_text="seconds from its last start to its end (or now); null: never started"
+    )
+    queue_wait_s = serializers.SerializerMethodField(
+        help_text="seconds from submission to its first start (or now, while it never started)"
+    )
+    gpu_hours = serializers.SerializerMethodField(help_text="GPUs x hours over every attempt")
+    nodes = serializers.SerializerMethodField(
+        help_text="the nodes of its last attempt, node rank 0 first"
+    )
 
     class Meta:
         model = Job
@@ -365,6 +375,10 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "profile_name",
             "placement",
             "attempts",
+            "elapsed_s",
+            "queue_wait_s",
+            "gpu_hours",
+            "nodes",
         ]
         read_only_fields = [
             "id",
@@ -390,6 +404,22 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     @extend_schema_field(AttemptSerializer(many=True))
     def get_attempts(self, job: Job) -> list[Any]:
         return AttemptSerializer(selectors.job_attempts(job), many=True).data
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_elapsed_s(self, job: Job) -> float | None:
+        return selectors.job_history(job)["elapsed_s"]
+
+    @extend_schema_field(serializers.FloatField())
+    def get_queue_wait_s(self, job: Job) -> float:
+        return selectors.job_history(job)["queue_wait_s"]
+
+    @extend_schema_field(serializers.FloatField())
+    def get_gpu_hours(self, job: Job) -> float:
+        return selectors.job_history(job)["gpu_hours"]
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_nodes(self, job: Job) -> list[str]:
+        return selectors.job_history(job)["nodes"]
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         """Report type errors, unknown fields and business-rule errors in one 400."""

@@ -380,13 +380,13 @@ def _refusal(decision: Decision, job: JobSpec, snapshot: Snapshot, ledger: _Ledg
                 return f"node {part.node} has no GPU {index}"
             where = f"GPU {part.node}/{index}"
             if ledger.gpu_jobs[gid]:
-                why = job.whole_gpu_reason()
-                if why is not None:
-                    return f"{where} runs other jobs and {why}"
                 if p.mode == SharingMode.EXCLUSIVE or ledger.gpu_mode[gid] == "exclusive":
                     return f"{where} is held exclusively"
                 if ledger.gpu_mode[gid] not in (None, p.mode.value):
                     return f"{where} is in {ledger.gpu_mode[gid]} mode, not {p.mode}"
+                why = job.whole_gpu_reason()
+                if why is not None:
+                    return f"{where} runs other jobs and {why}"
             if p.mode != SharingMode.TIME_SLICING and need > ledger.gpu_free_mb[gid] + 1e-6:
                 return f"{where} has {ledger.gpu_free_mb[gid]:.0f} MB free, {need:.0f} MB needed"
     return None
