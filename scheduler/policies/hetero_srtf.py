@@ -1074,6 +1074,9 @@ class HeteroSrtfPolicy(Policy):
             f"{why}: key {_fmt_h(c.key)}, about {_fmt_h(there)} left on {model}{spread}"
             f"{vs}; placed on {where}"
         )
+        own = c.job.whole_gpu_reason()
+        if own is not None and self.pack:
+            text += f"; whole GPUs of its own: {own}"
         return Decision(pl, self.name, text, score=c.key)
 
     def _pack(

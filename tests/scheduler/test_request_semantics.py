@@ -131,6 +131,7 @@ def test_hetero_srtf_packs_only_jobs_that_allow_it():
     never = _plan("hetero_srtf", replace(state, pending=(gjob("a", sharing="never"), gjob("b"))))
     assert {d.placement.job_id for d in never.decisions} == {"a"}
     assert never.decisions[0].placement.mode == SharingMode.EXCLUSIVE
+    assert "whole GPUs of its own: it asks for GPUs of its own" in never.decisions[0].explanation
     # The control: both run packed when both allow it (the measured pair is worth it).
     assert [(d.placement.job_id, d.placement.mode) for d in allowed.decisions] == [
         ("a", SharingMode.MPS),
