@@ -1770,7 +1770,8 @@ class FrameworkPolicy(Policy):
             )
         text = f"no idle GPU with {gb(need)} GB{only} ({idle} idle GPUs, all too small)"
         if idle == 0:
-            text = f"no idle GPU{only} (all {view.gpu_count} busy or down; it needs {gb(need)} GB)"
+            needs = f"; it needs {gb(need)} GB" if job.memory_known() else ""
+            text = f"no idle GPU{only} (all {view.gpu_count} busy or down{needs})"
         if self.colocate:
             most_free = max(
                 (
