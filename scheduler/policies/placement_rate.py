@@ -432,18 +432,6 @@ class PlacementRatePolicy(UsedMemoryGuard):
             return super().candidates(job, view)
         return []
 
-    def pick(
-        self, job: JobSpec, cands: list[Candidate], view: WorkingView, rng: random.Random
-    ) -> Candidate | None:
-        """The best speed; among equally fast candidates an idle GPU before a shared one
-        (docs/jobs.md: no job is packed while a GPU as fast idles), then cluster order."""
-        if any(c.residents for c in cands) and any(c.gpus and not c.residents for c in cands):
-            top = max(c.score for c in cands)
-            idle = [c for c in cands if c.score == top and c.gpus and not c.residents]
-            if idle:
-                cands = idle
-        return super().pick(job, cands, view, rng)
-
     def score_speed(self, job: JobSpec, cand: Candidate, view: WorkingView) -> float:
         """Minus the job's solo time there: the fastest profiled GPU model first (ties and
         unprofiled models: cluster order)."""

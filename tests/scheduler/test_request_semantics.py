@@ -238,18 +238,3 @@ def test_every_registered_policy_keeps_a_never_job_alone():
         for d in plan.decisions:
             if d.placement.job_id == "a" and d.placement.on_gpu:
                 assert d.placement.gpu_indices == (1,), name
-
-
-@pytest.mark.parametrize("name", ["placement_rate", "placement_rate+exec_plan"])
-def test_the_demos_policy_packs_no_job_while_a_gpu_as_fast_idles(name):
-    # The demo's policy: a job that allows sharing (memory known) goes to the idle Titan Xp,
-    # not beside the resident on gpu0 (cluster order alone would pick gpu0); once both GPUs
-    # are busy it is packed.
-    g0, running = busy_gpu("n0", 0, "TitanXp", [pjob("r0", None, 100.0)], SharingMode.MPS)
-    node = gpu_node("n0", "TitanXp", 2, gpus={0: g0})
-    state = ClusterState(0.0, (node,), pending=(pjob("a", None, 100.0),), running=tuple(running))
-    (d,) = _plan(name, state, max_jobs_per_gpu=2).decisions
-    assert d.placement.gpu_indices == (1,), d.explanation
-    both = replace(state, pending=(pjob("a", None, 100.0), pjob("b", None, 100.0)))
-    plan = _plan(name, both, max_jobs_per_gpu=2)
-    assert sorted(d.placement.gpu_indices for d in plan.decisions) == [(0,), (1,)]
