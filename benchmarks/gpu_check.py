@@ -505,6 +505,7 @@ def check_pair(run: Run, mode: str, solo: float | None) -> None:
             f"{mode}-{k}",
             job_command(run, secs, total, 1024),
             gpu_memory_mb=4096,
+            sharing=mode,  # a job's GPUs are its own unless it says how it may share
             time_limit=600,
         )
         for k in ("a", "b")

@@ -7,11 +7,12 @@ A plain HTTP client of the REST API (``requests``); it imports nothing from Djan
     cosched submit job.yaml        # prints the job id and state
     cosched wait 42 --timeout 3600 # exit code 0 only if the job COMPLETED
     cosched status 42 | cosched cancel 42 | cosched jobs --state PENDING,RUNNING
+    cosched history --since 7d --state FAILED   # finished jobs, like sacct
 
 The job file (YAML or JSON) holds the API's job fields: ``name``, ``command``, ``profile`` (an
 id, or the name of an approved profile), ``gpus``, ``gpu_memory_mb``, ``cpus``, ``memory_mb``,
-``kind``, ``params``, ``priority``, ``time_limit`` (and ``container_image``,
-``elastic_min_workers``, ``elastic_max_workers``, ``elastic_deadline_s`` or
+``sharing``, ``device``, ``kind``, ``params``, ``priority``, ``time_limit`` (and
+``container_image``, ``elastic_min_workers``, ``elastic_max_workers``, ``elastic_deadline_s`` or
 ``elastic_value_per_hour``, ``max_global_batch``). ``submit --time-limit`` overrides the file's
 ``time_limit``.
 
@@ -306,7 +307,10 @@ def _job_lines(job: dict[str, Any]) -> list[str]:
         ("profile", _profile_text(job)),
         ("gpus", job.get("gpus")),
         ("gpu memory", f"{job['gpu_memory_mb']} MB" if job.get("gpu_memory_mb") else "-"),
+        *([("sharing", job["sharing"])] if job.get("gpus") and job.get("sharing") else []),
+        *([("device", job["device"])] if job.get("device") else []),
         ("cpus", job.get("cpus")),
+        *([("memory", f"{job['memory_mb']} MB")] if job.get("memory_mb") else []),
         ("priority", job.get("priority")),
         *([("time limit", _limit_text(job))] if job.get("time_limit") else []),
         ("submitted", _when(job.get("submitted_at"))),
@@ -449,6 +453,11 @@ def cmd_submit(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
     if getattr(args, "hold", False):
         fields["held"] = True
         raw += b"\n# --hold"
+    for flag, name in (("sharing", "sharing"), ("device", "device"), ("memory", "memory_mb")):
+        value = getattr(args, flag, None)
+        if value is not None:  # overrides the file's field; another request, another job
+            fields[name] = value
+            raw += f"\n{name}: {value}".encode()
     headers: dict[str, str] = {}
     key = (
         None if args.no_idempotency_key else (args.idempotency_key or default_idempotency_key(raw))
@@ -806,6 +815,51 @@ def _node_operation(client: Client, args: argparse.Namespace, out: IO[str]) -> i
         out.write(f"Node {args.node}: {state} (running jobs finish, no new ones start)\n")
     else:
         out.write(f"Node {args.node}: {state}\n")
+
+
+def cmd_history(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
+    """Finished jobs, as ``sacct`` lists them: elapsed, queue wait, GPU-hours, exit code,
+    reason and nodes, over a time window and filters."""
+    params: dict[str, Any] = {"page_size": min(args.limit, 500), "finished_since": args.since}
+    if args.until:
+        params["finished_until"] = args.until
+    if args.state:
+        params["state"] = args.state.upper()
+    for name in ("user", "project"):
+        if getattr(args, name):
+            params[name] = getattr(args, name)
+    _, data = client.request("GET", "/api/v1/jobs/", params=params)
+    jobs = data.get("results", []) if isinstance(data, dict) else data
+    jobs = jobs[: args.limit]
+    total = data.get("count", len(jobs)) if isinstance(data, dict) else len(jobs)
+    if args.json:
+        _emit_json(jobs, out)
+        return EXIT_OK
+    if not jobs:
+        out.write(f"No job finished since {args.since}.\n")
+        return EXIT_OK
+    headers = ["ID", "NAME", "USER", "STATE", "EXIT", "ELAPSED", "WAIT", "GPU-H", "NODES"]
+    headers.append("REASON")
+    rows = []
+    for job in jobs:
+        elapsed = job.get("elapsed_s")
+        rows.append(
+            [
+                job["id"],
+                _shorten(job.get("name", ""), 30),
+                job.get("owner", ""),
+                job["state"],
+                "-" if job.get("exit_code") is None else job["exit_code"],
+                "-" if elapsed is None else _duration(elapsed),
+                _duration(job.get("queue_wait_s") or 0),
+                f"{job.get('gpu_hours') or 0:.2f}",
+                ",".join(job.get("nodes") or []) or "-",
+                _shorten(job.get("failure_reason") or job.get("end_label") or "", 50),
+            ]
+        )
+    out.write(_table(rows, headers) + "\n")
+    if total > len(jobs):
+        err.write(f"({len(jobs)} of {total} jobs shown; use --limit or a shorter window)\n")
     return EXIT_OK
 
 
@@ -995,6 +1049,22 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _memory_mb(text: str) -> int:
+    """Host memory as sbatch's --mem takes it: MB, or a number with K, M, G or T."""
+    units = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
+    raw = text.strip().upper().removesuffix("B")
+    scale = 1.0
+    if raw and raw[-1] in units:
+        scale, raw = units[raw[-1]], raw[:-1]
+    try:
+        value = float(raw) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a memory size: {text!r} (e.g. 16G)") from None
+    if not 1 <= value < 2**53:
+        raise argparse.ArgumentTypeError(f"must be at least 1 MB: {text!r}")
+    return int(-(-value // 1))
+
+
 JOB_FILE_HELP = """\
 job file (YAML, or JSON when the name ends in .json; - reads standard input):
 
@@ -1005,7 +1075,11 @@ job file (YAML, or JSON when the name ends in .json; - reads standard input):
   gpus: 1                         # 0 = CPU-only job (default 0)
   gpu_memory_mb: 8000             # per GPU (default: the profile's maximum)
   cpus: 4                         # cores (default 1)
-  memory_mb: 16000                # host memory (optional)
+  memory_mb: 16000                # host memory, reserved on the node and enforced (optional)
+  sharing: never                  # never (GPUs of its own; the usual site default), allowed,
+                                  #   mps, time_slicing or a MIG profile such as 1g.6gb
+  device: gpu                     # gpu (GPUs only), auto (the policy may pick a CPU node for
+                                  #   a one-GPU job) or cpu (a CPU-only job, gpus: 0)
   kind: dl-train                  # dl-train, dl-infer, hpc or other (default: the profile's)
   priority: 0                     # -1000..1000, higher first under priority-aware policies
   time_limit: 2h                  # per attempt: 90s, 30m, 2h, 1-00:00:00 or seconds; past it
@@ -1088,6 +1162,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--project", help="the project (team) to submit to (default: the file's, else yours)"
     )
     p.add_argument("-q", "--quiet", action="store_true", help="print only the job id")
+    p.add_argument(
+        "--sharing",
+        help="never (GPUs of its own), allowed, mps, time_slicing or a MIG profile; overrides "
+        "the file's sharing (default: the site's, usually never)",
+    )
+    p.add_argument(
+        "--device",
+        choices=["gpu", "auto", "cpu"],
+        help="gpu: GPUs only; auto: the policy may run a one-GPU job on a CPU node; cpu: "
+        "CPU only; overrides the file's device",
+    )
+    p.add_argument(
+        "--memory",
+        type=_memory_mb,
+        metavar="SIZE",
+        help="host memory: MB, or with a unit (512M, 16G, 1T); overrides the file's memory_mb",
+    )
     p.add_argument(
         "--time-limit",
         type=_time_limit,
@@ -1213,6 +1304,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="cut waiting reasons to this many characters (0: whole; default 70)",
     )
     p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser(
+        "history",
+        parents=[common],
+        help="finished jobs, like sacct: elapsed, wait, GPU-hours, exit code, reason, nodes",
+        description="Jobs that finished in a window (yours and your projects'; staff: all).",
+    )
+    p.add_argument("--since", default="1d", help="7d, 24h, 30m, 2w or a date (default 1d)")
+    p.add_argument("--until", help="same forms (default: now)")
+    p.add_argument("--state", help="state(s), comma-separated, e.g. FAILED,CANCELLED")
+    p.add_argument("--user", help="only this user's jobs")
+    p.add_argument("--project", help="only this project's jobs")
+    p.add_argument("--limit", type=int, default=100, help="at most this many jobs (default 100)")
+    p.set_defaults(func=cmd_history)
 
     p = sub.add_parser(
         "nodes",

@@ -12,6 +12,7 @@ from pathlib import Path
 import dj_database_url
 
 from portal.env import envbool, envfloat, envint, envlist, envstr
+from scheduler.domain import sharing_error
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("COSCHED_DATA_DIR", str(BASE_DIR / "var")))
@@ -288,9 +289,14 @@ COSCHED = {
     "OBSERVATION_WINDOW_S": envfloat("COSCHED_OBSERVATION_WINDOW_S", 10.0),
     "OBSERVATIONS_PER_TYPE": envint("COSCHED_OBSERVATIONS_PER_TYPE", 200),
     "MEASURED_PROFILES": envstr("COSCHED_MEASURED_PROFILES") or "draft",
+    # A job that does not say whether its GPUs may be shared gets this (docs/jobs.md): never,
+    # allowed, mps, time_slicing or a MIG profile name.
+    "DEFAULT_SHARING": envstr("COSCHED_DEFAULT_SHARING", "never"),
 }
 if COSCHED["MEASURED_PROFILES"] not in ("draft", "approve", "off"):
     raise ValueError("COSCHED_MEASURED_PROFILES must be draft, approve or off")
+if _sharing_problem := sharing_error(COSCHED["DEFAULT_SHARING"]):
+    raise ValueError(f"COSCHED_DEFAULT_SHARING: {_sharing_problem}")
 for _net in COSCHED["METRICS_ALLOWED_NETWORKS"]:  # a typo fails at start-up, not per scrape
     try:
         ipaddress.ip_network(_net, strict=False)

@@ -17,7 +17,11 @@ What counts is the cluster as registered, whatever is busy or down now:
   jobs; GPU nodes that do not track cores, ``cores == 0``, do not limit). A CPU job may also
   run on a GPU node's spare cores (the policy parameter ``cpu_jobs_on_gpu_nodes``): there at
   most the node's cores less one per GPU;
-- ``profile``: a profile whose GPU times name only models the cluster lacks.
+- ``profile``: a profile whose GPU times name only models the cluster lacks;
+- ``memory_mb`` (host memory, per node): at most the memory of the largest node of the right
+  kind (as for ``cpus``; nodes that do not report their memory, ``memory_mb == 0``, do not
+  limit);
+- ``sharing``: a MIG profile name that no GPU of a usable model offers.
 
 With no node registered at all, every job is admitted (an operator may submit before the first
 agent registers) and ``Admission.note`` says so.
@@ -29,7 +33,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from scheduler.domain import JobSpec, NodeKind, NodeState
+from scheduler.domain import SHARING_CHOICES, JobSpec, NodeKind, NodeState
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +53,11 @@ class Capacity:
     cpu_node_cores: int | None = None
     nodes: int = 0
     gpu_node_spare_cores: int | None = None
+    # Host memory (MB): the largest node holding each model, and the largest CPU node;
+    # ``math.inf`` where such a node does not report its memory.
+    host_memory_by_model: Mapping[str, float] = field(default_factory=dict)
+    cpu_node_memory_mb: float | None = None
+    mig_profiles_by_model: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:
@@ -78,16 +87,23 @@ def capacity_of(nodes: Iterable[NodeState]) -> Capacity:
     cores: dict[str, int] = {}
     cpu_cores: int | None = None
     spare: int | None = None
+    host: dict[str, float] = {}
+    cpu_memory: float | None = None
+    migs: dict[str, frozenset[str]] = {}
     count = 0
     for node in nodes:
         count += 1
+        node_memory = node.memory_mb if node.memory_mb > 0 else math.inf
         if node.kind == NodeKind.CPU and not node.gpus:
             cpu_cores = max(cpu_cores or 0, node.cores)
+            cpu_memory = max(cpu_memory or 0.0, node_memory)
             continue
         if node.cores > len(node.gpus):
             spare = max(spare or 0, node.cores - len(node.gpus))
         for gpu in node.gpus:
             model = gpu.spec.model
+            host[model] = max(host.get(model, 0.0), node_memory)
+            migs[model] = migs.get(model, frozenset()) | {p.name for p in gpu.spec.mig_profiles}
             gpus[model] = gpus.get(model, 0) + 1
             memory[model] = max(memory.get(model, 0.0), float(gpu.spec.memory_mb))
             # A node with cores == 0 does not track cores: it never limits, so 0 sticks.
@@ -95,7 +111,7 @@ def capacity_of(nodes: Iterable[NodeState]) -> Capacity:
                 cores[model] = 0
             else:
                 cores[model] = max(cores.get(model, 0), node.cores)
-    return Capacity(gpus, memory, cores, cpu_cores, count, spare)
+    return Capacity(gpus, memory, cores, cpu_cores, count, spare, host, cpu_memory, migs)
 
 
 def _models_text(counts: Mapping[str, int]) -> str:
@@ -125,6 +141,9 @@ def admit(job: JobSpec, capacity: Capacity) -> Admission:
                 else f"asks {job.cpus} cores; at most {most} on one node (a GPU node keeps one "
                 "core per GPU)"
             )
+        largest = capacity.cpu_node_memory_mb
+        if largest is not None and job.memory_mb > largest:
+            errors["memory_mb"] = _memory_text(job.memory_mb, largest, "CPU node")
         return Admission(errors)
 
     allowed = _allowed_models(job)
@@ -163,6 +182,19 @@ def admit(job: JobSpec, capacity: Capacity) -> Admission:
         )
         return Admission(errors)
 
+    host = max((capacity.host_memory_by_model.get(m, math.inf) for m in fits_memory), default=0)
+    if job.memory_mb > host:
+        errors["memory_mb"] = _memory_text(job.memory_mb, host, "GPU node of a usable model")
+    mig = job.sharing
+    if mig not in SHARING_CHOICES:
+        offered = frozenset().union(
+            *(capacity.mig_profiles_by_model.get(m, frozenset()) for m in fits_memory)
+        )
+        if mig not in offered:
+            errors["sharing"] = (
+                f"no GPU here offers the MIG profile {mig} "
+                f"({', '.join(sorted(offered)) or 'no MIG profile at all'})"
+            )
     core_limits = [capacity.cores_by_model.get(m, 0) for m in fits_memory]
     if 0 not in core_limits:
         most_cores = max(core_limits)
@@ -172,6 +204,10 @@ def admit(job: JobSpec, capacity: Capacity) -> Admission:
                 f"{most_cores}"
             )
     return Admission(errors)
+
+
+def _memory_text(asked: float, largest: float, where: str) -> str:
+    return f"asks {asked:.0f} MB of host memory; the largest {where} has {largest:.0f} MB"
 
 
 def _allowed_models(job: JobSpec) -> frozenset[str] | None:

@@ -9,6 +9,7 @@ GFLOPS (``*_gflops``). Optional profile metrics are ``None`` when unknown.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -29,6 +30,27 @@ UNCONSOLIDATED_SPEED = 0.74
 #: ``JobSpec.params`` key the simulator reads (never a policy): true work / estimated work of a
 #: job whose profile times are noisy estimates (``scheduler.estimates``). Absent: 1.
 TRUE_WORK_FACTOR = "true_work_factor"
+
+
+#: ``JobSpec.sharing`` values besides a MIG profile name (docs/jobs.md): ``never`` (whole GPUs
+#: of its own: nobody is packed beside it), ``allowed`` (the policy decides), ``mps`` /
+#: ``time_slicing`` (packed only under that mode). Any other value names a MIG profile
+#: (``1g.6gb``): packed only into an instance of that profile.
+SHARING_NEVER = "never"
+SHARING_ALLOWED = "allowed"
+SHARING_CHOICES = (SHARING_NEVER, SHARING_ALLOWED, "mps", "time_slicing")
+
+
+_MIG_NAME = re.compile(r"[1-9][0-9]?g\.[0-9]+gb(\+me)?")
+
+
+def sharing_error(value: str) -> str | None:
+    """Why ``value`` is no ``JobSpec.sharing`` value, or None."""
+    if value in SHARING_CHOICES or _MIG_NAME.fullmatch(value):
+        return None
+    return (
+        f"{value!r} is none of {', '.join(SHARING_CHOICES)} nor a MIG profile name such as 1g.6gb"
+    )
 
 
 class SharingMode(StrEnum):
@@ -215,6 +237,39 @@ class JobSpec:
     # It runs in a container image (docs/containers.md): only nodes with a container runtime
     # (``NodeState.container_runtimes``) may take it.
     container: bool = False
+    # What the user allows (docs/jobs.md): ``sharing`` (``SHARING_CHOICES`` or a MIG profile
+    # name); ``allow_cpu``: a GPU job may run on a CPU node where the policy finds it better
+    # (the portal's ``device: auto``); False keeps it on GPUs. The defaults are the traces'
+    # (their jobs are packed as their papers did); the portal's default is ``never``.
+    sharing: str = SHARING_ALLOWED
+    allow_cpu: bool = True
+    # Whether a job whose GPU memory is unknown (neither asked nor profiled: its need counts as
+    # 0 MB) may be packed. Traces: True (their co-location is decided by measured pair tables);
+    # the portal: False, such a job is treated as needing a whole GPU.
+    pack_unknown_memory: bool = True
+
+    def memory_known(self) -> bool:
+        """Whether the job's GPU memory need is known: asked, or its profile's max."""
+        return self.gpu_memory_mb is not None or (
+            self.profile is not None and self.profile.gpu_memory_max_mb is not None
+        )
+
+    def whole_gpu_reason(self) -> str | None:
+        """Why this GPU job may not share a GPU (gets whole GPUs of its own), or None when it
+        may be packed: it asked so, or its GPU memory is unknown and 0 MB is no ground to pack
+        it (``pack_unknown_memory``)."""
+        if self.sharing == SHARING_NEVER:
+            return "it asks for GPUs of its own (sharing: never)"
+        if not self.pack_unknown_memory and not self.memory_known():
+            return (
+                "its GPU memory is unknown (no profiled max, no gpu_memory_mb), so it is "
+                "assumed to need a whole GPU"
+            )
+        return None
+
+    def may_share(self) -> bool:
+        """Whether this job may be packed beside others (``whole_gpu_reason``)."""
+        return self.whole_gpu_reason() is None
 
     def type_key(self) -> str:
         """What makes two jobs interchangeable for pooling, scoring and ``oom_with``: the job
@@ -356,6 +411,8 @@ class NodeState:
     free_cores: int
     memory_mb: float = 0.0
     up: bool = True
+    # Host memory (MB) not reserved by the jobs there; None: not tracked (no limit).
+    free_memory_mb: float | None = None
     gpus: tuple[GpuState, ...] = ()
     # The container runtimes its agent reported (``podman``, ``apptainer``): container jobs go
     # only to nodes with one.

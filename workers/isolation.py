@@ -30,8 +30,8 @@ still the agent's account) applies it when it starts the job:
   has ended. Where cgroup v2 with the ``cpu`` and ``memory`` controllers cannot be written (cgroup
   v1 hosts, containers without delegation, an agent that is not root), the agent says so once
   and falls back to ``RLIMIT_AS`` = the requested memory for CPU jobs (a GPU job's CUDA context
-  reserves far more address space than memory, so GPU jobs get no address-space limit) and no
-  core limit.
+  reserves far more address space than memory, so GPU jobs get ``RLIMIT_DATA`` instead: their
+  private writable memory) and no core limit.
 - **GPU devices** (``GpuDevices``): each job process gets a private mount namespace in which
   the device node of every GPU it was not given (``/dev/nvidia<N>``) is covered by a bind mount
   of an empty root-owned file of mode 0000: opening it fails with EACCES for any account but
@@ -391,7 +391,8 @@ class Limits:
             return f"cores and memory limited by cgroup v2 under {self.root}"
         return (
             f"cores and memory NOT limited by cgroups: {self.reason}; fallback: an address-space "
-            f"limit (RLIMIT_AS) of the requested memory for CPU jobs, no core limit"
+            f"limit (RLIMIT_AS) of the requested memory for CPU jobs, a data limit (RLIMIT_DATA) "
+            "for GPU jobs, no core limit"
         )
 
     def for_job(self, name: str, cpus: int, memory_mb: int | None, gpu: bool) -> dict:
@@ -401,6 +402,10 @@ class Limits:
             entry["cgroup"] = os.path.join(self.root, name)
         elif memory_mb and not gpu:
             entry["rlimit_as_mb"] = int(memory_mb)
+        elif memory_mb:
+            # A GPU job: its CUDA context reserves address space far beyond what it uses,
+            # but not data (private writable memory: heap and anonymous maps).
+            entry["rlimit_data_mb"] = int(memory_mb)
         return entry
 
 
@@ -742,6 +747,10 @@ class JobLaunch:
         if limit_mb:
             limit = int(limit_mb) * 2**20
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        data_mb = self.limits.get("rlimit_data_mb")
+        if data_mb:
+            limit = int(data_mb) * 2**20
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
         os.umask(0o077)
         hidden = self.hidden_for(process)
         if hidden:

@@ -308,7 +308,28 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
         "gpu_memory_mb", required=False, allow_null=True, help_text="per GPU"
     )
     cpus = _bounded_int("cpus", required=False, help_text="cores (per node for a multi-node job)")
-    memory_mb = _bounded_int("memory_mb", required=False, allow_null=True)
+    memory_mb = _bounded_int(
+        "memory_mb",
+        required=False,
+        allow_null=True,
+        help_text="host memory (MB): at most the largest node's; reserved on the node and "
+        "enforced by the runner",
+    )
+    sharing = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        max_length=40,
+        help_text="whether the job's GPUs may be shared: never (GPUs of its own), allowed, mps, "
+        "time_slicing or a MIG profile name (1g.6gb); empty: the site default "
+        "(docs/jobs.md)",
+    )
+    device = serializers.ChoiceField(
+        choices=["gpu", "auto", "cpu"],
+        required=False,
+        allow_blank=True,
+        help_text="gpu: GPUs only; auto: a one-GPU job the policy may run on a CPU node; cpu: a "
+        "CPU-only job (gpus 0); empty: gpu for a GPU job, cpu for a CPU one",
+    )
     kind = serializers.ChoiceField(choices=JOB_KINDS, required=False)
     params = JsonObjectField(
         required=False,
@@ -409,6 +430,16 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     attempts = serializers.SerializerMethodField(
         help_text="every start of the job, first first: where, when, and how it ended"
     )
+    elapsed_s = serializers.SerializerMethodField(
+        help_text="seconds from its last start to its end (or now); null: never started"
+    )
+    queue_wait_s = serializers.SerializerMethodField(
+        help_text="seconds from submission to its first start (or now, while it never started)"
+    )
+    gpu_hours = serializers.SerializerMethodField(help_text="GPUs x hours over every attempt")
+    nodes = serializers.SerializerMethodField(
+        help_text="the nodes of its last attempt, node rank 0 first"
+    )
 
     class Meta:
         model = Job
@@ -422,6 +453,8 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "gpu_memory_mb",
             "cpus",
             "memory_mb",
+            "sharing",
+            "device",
             "kind",
             "params",
             "priority",
@@ -455,6 +488,10 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             "profile_name",
             "placement",
             "attempts",
+            "elapsed_s",
+            "queue_wait_s",
+            "gpu_hours",
+            "nodes",
         ]
         read_only_fields = [
             "id",
@@ -480,6 +517,22 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
     @extend_schema_field(AttemptSerializer(many=True))
     def get_attempts(self, job: Job) -> list[Any]:
         return AttemptSerializer(selectors.job_attempts(job), many=True).data
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_elapsed_s(self, job: Job) -> float | None:
+        return selectors.job_history(job)["elapsed_s"]
+
+    @extend_schema_field(serializers.FloatField())
+    def get_queue_wait_s(self, job: Job) -> float:
+        return selectors.job_history(job)["queue_wait_s"]
+
+    @extend_schema_field(serializers.FloatField())
+    def get_gpu_hours(self, job: Job) -> float:
+        return selectors.job_history(job)["gpu_hours"]
+
+    @extend_schema_field(serializers.ListField(child=serializers.CharField()))
+    def get_nodes(self, job: Job) -> list[str]:
+        return selectors.job_history(job)["nodes"]
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         """Report type errors, unknown fields and business-rule errors in one 400."""

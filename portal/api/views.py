@@ -86,6 +86,48 @@ idempotency_parameter = OpenApiParameter(
 )
 
 
+#: The longest ``finished_since`` window the history answers (the API's 400 names it).
+HISTORY_MAX_DAYS = 3660
+
+
+def history_window(params: Any) -> dict[str, Any]:
+    """``finished_since`` / ``finished_until`` of a job list request as datetimes (7d, 24h,
+    30m, 2w, an ISO date or date-time); a 400 naming the parameter when one is not a time or
+    reaches back more than ``HISTORY_MAX_DAYS``."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.teams.accounting import parse_when
+
+    now = timezone.now()
+    out: dict[str, Any] = {}
+    errors: dict[str, list[str]] = {}
+    for name in ("finished_since", "finished_until"):
+        text = params.get(name)
+        if not text:
+            continue
+        try:
+            moment = parse_when(text, now)
+        except (ValueError, OverflowError) as exc:
+            errors[name] = [
+                f"more than {HISTORY_MAX_DAYS} days back"
+                if isinstance(exc, OverflowError)
+                else str(exc)
+            ]
+            continue
+        if moment is not None and now - moment > timedelta(days=HISTORY_MAX_DAYS):
+            errors[name] = [f"more than {HISTORY_MAX_DAYS} days back"]
+            continue
+        out[name] = moment
+    since, until = out.get("finished_since"), out.get("finished_until")
+    if since is not None and until is not None and until <= since:
+        errors["finished_until"] = ["must be after finished_since"]
+    if errors:
+        raise ValidationError(errors)
+    return out
+
+
 @extend_schema_view(
     list=extend_schema(
         summary="List jobs (your own; staff: all)",
@@ -98,6 +140,15 @@ idempotency_parameter = OpenApiParameter(
             OpenApiParameter("kind", str, enum=[k for k, _ in JOB_KINDS]),
             OpenApiParameter("search", str, description="substring of the job name"),
             OpenApiParameter("array", int, description="the tasks of this array (its first id)"),
+            OpenApiParameter(
+                "finished_since",
+                str,
+                description="history (like sacct): jobs that finished since then (7d, 24h, 30m, "
+                f"2w or an ISO date; at most {HISTORY_MAX_DAYS} days back), latest first",
+            ),
+            OpenApiParameter("finished_until", str, description="... and before then"),
+            OpenApiParameter("user", str, description="the owner's username"),
+            OpenApiParameter("project", str, description="the project's name"),
         ],
     ),
     retrieve=extend_schema(
@@ -119,12 +170,16 @@ class JobViewSet(
         if getattr(self, "swagger_fake_view", False):  # schema generation
             return Job.objects.none()
         params = self.request.query_params
+        window = history_window(params)
         try:
             qs = selectors.jobs_visible_to(
                 self.request.user,
                 state=params.getlist("state") or None,
                 kind=params.get("kind"),
                 search=params.get("search") or params.get("name"),
+                owner=params.get("user"),
+                project=params.get("project"),
+                **window,
             )
         except DjangoValidationError as exc:
             raise _query_errors(exc) from None

@@ -128,6 +128,10 @@ def job_to_domain(job: Job, *, epoch: Any = None) -> JobSpec:
         project=job.project.name if job.project_id is not None and job.project else None,
         oom_with=frozenset(str(t) for t in job.oom_with or ()),
         container=bool((job.container_image or "").strip()),
+        # Request semantics (docs/jobs.md): a live job with no known GPU memory is never packed.
+        sharing=job.sharing or "never",
+        allow_cpu=job.device == "auto",
+        pack_unknown_memory=False,
     )
 
 

@@ -287,6 +287,13 @@ class Gpu(models.Model):
         return f"{self.node.name}/{self.index} ({self.model})"
 
 
+DEVICE_CHOICES = [
+    ("gpu", "GPU only"),
+    ("auto", "GPU, or a CPU node where the policy finds it better"),
+    ("cpu", "CPU only"),
+]
+
+
 class Job(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="jobs"
@@ -309,7 +316,16 @@ class Job(models.Model):
     gpus = models.PositiveIntegerField(default=0)
     gpu_memory_mb = models.PositiveIntegerField(null=True, blank=True)
     cpus = models.PositiveIntegerField(default=1)
-    memory_mb = models.PositiveIntegerField(null=True, blank=True)
+    memory_mb = models.PositiveIntegerField(
+        null=True, blank=True, help_text="host memory (MB), reserved on the node and enforced"
+    )
+    # Request semantics (docs/jobs.md): whether the job's GPUs may be shared (``never``: GPUs
+    # of its own; ``allowed``; ``mps`` / ``time_slicing``; or a MIG profile name such as
+    # ``1g.6gb``), filled with the site default (COSCHED_DEFAULT_SHARING) when not given; and
+    # where it may run (``gpu``: GPUs only; ``auto``: a GPU job the policy may send to a CPU
+    # node; ``cpu``: a CPU-only job), filled from ``gpus`` when not given.
+    sharing = models.CharField(max_length=40, default="never")
+    device = models.CharField(max_length=8, choices=DEVICE_CHOICES, default="gpu")
     elastic_min_workers = models.PositiveIntegerField(null=True, blank=True)
     elastic_max_workers = models.PositiveIntegerField(null=True, blank=True)
     # Elastic training (issue 17): what finishing sooner is worth (one of the two) and the
@@ -403,6 +419,36 @@ class Job(models.Model):
         if self.state == JobState.FAILED and self.failure_reason.startswith(TIME_LIMIT_REASON):
             return TIME_LIMIT_REASON
         return ""
+
+    @property
+    def sharing_text(self) -> str:
+        """The job's sharing request in plain words, as the scheduler reads it (docs/jobs.md)."""
+        if not self.gpus:
+            return "— (no GPU)"
+        known = self.gpu_memory_mb is not None or (
+            self.profile is not None and self.profile.gpu_memory_max_mb is not None
+        )
+        if self.sharing == "never":
+            return "never: whole GPUs of its own, nobody is packed beside it"
+        if not known:
+            return (
+                f"{self.sharing}, but its GPU memory is unknown (no profiled maximum, none "
+                "declared): it gets whole GPUs of its own"
+            )
+        if self.sharing == "allowed":
+            return "allowed: the policy may pack it beside other jobs, on its GPU memory"
+        if self.sharing in ("mps", "time_slicing"):
+            return f"only under {self.sharing.replace('_', '-')}, else whole GPUs"
+        return f"only in a MIG instance {self.sharing}, else whole GPUs"
+
+    @property
+    def device_text(self) -> str:
+        """Where the job may run, in plain words (docs/jobs.md)."""
+        if self.device == "auto" and self.gpus:
+            return "auto: on GPUs, or on a CPU node where the policy finds it better"
+        if not self.gpus:
+            return "cpu: a CPU node"
+        return "gpu: GPUs only, never a CPU node"
 
     @property
     def current_placement(self) -> Placement | None:

@@ -186,6 +186,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
     memory_on_gpu: dict[int, float] = defaultdict(float)
     slices_on_gpu: dict[int, list[str]] = defaultdict(list)
     cores_on_node: dict[int, int] = defaultdict(int)
+    memory_on_node: dict[int, int] = defaultdict(int)  # host memory (MB) of the jobs there
     running: list[RunningJob] = []
     running_nodes: dict[int, set[str]] = {}
     progress = _progress_of([p.job_id for p in placements])
@@ -196,6 +197,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
             parts = [PlacementPart(node=p.node, node_rank=0, gpu_indices=gpus_here, cpus=p.cpus)]
         for part in parts:
             cores_on_node[part.node_id] += part.cpus
+            memory_on_node[part.node_id] += p.job.memory_mb or 0
         for g in p.gpus.all():
             jobs_on_gpu[g.pk].append(str(p.job_id))
             memory_on_gpu[g.pk] += p.gpu_memory_mb
@@ -257,6 +259,12 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
                 cores=node.cores,
                 free_cores=max(0, node.cores - cores_on_node.get(node.pk, 0)),
                 memory_mb=float(node.memory_mb),
+                # Host memory left (nodes that report none do not limit it).
+                free_memory_mb=(
+                    float(node.memory_mb - memory_on_node.get(node.pk, 0))
+                    if node.memory_mb > 0
+                    else None
+                ),
                 up=_usable(node, now),
                 gpus=tuple(gpu_states),
                 container_runtimes=tuple(node.container_runtimes or ()),
@@ -317,6 +325,8 @@ def _without_profile(job: Job) -> Job:
         requeue_count=job.requeue_count,  # hetero_srtf bounds preemptions per job with it
         oom_requeues=job.oom_requeues,
         oom_with=job.oom_with,  # what it died beside: the framework keeps them apart
+        sharing=job.sharing,  # what the job allows (docs/jobs.md)
+        device=job.device,
     )
     clone.submitted_at = job.submitted_at
     if job.project_id is not None:
@@ -343,12 +353,14 @@ class _Ledger:
     gpu_mode: dict[int, str | None]
     gpu_jobs: dict[int, int]
     node_free_cores: dict[int, int]
+    node_free_memory: dict[int, float | None]
 
 
 def _ledger(snapshot: Snapshot) -> _Ledger:
-    ledger = _Ledger({}, {}, {}, {})
+    ledger = _Ledger({}, {}, {}, {}, {})
     for node in snapshot.state.nodes:
         ledger.node_free_cores[snapshot.node_ids[node.name]] = node.free_cores
+        ledger.node_free_memory[snapshot.node_ids[node.name]] = node.free_memory_mb
         for g in node.gpus:
             gid = snapshot.gpu_ids[(node.name, g.index)]
             ledger.gpu_free_mb[gid] = g.free_memory_mb
@@ -376,6 +388,12 @@ def _refusal(decision: Decision, job: JobSpec, snapshot: Snapshot, ledger: _Ledg
         free_cores = ledger.node_free_cores.get(node_id, 0)
         if part.cpus > free_cores:
             return f"node {part.node} has {free_cores} free cores, {part.cpus} asked"
+        free_memory = ledger.node_free_memory.get(node_id)
+        if free_memory is not None and job.memory_mb > free_memory + 1e-6:
+            return (
+                f"node {part.node} has {free_memory:.0f} MB of host memory free, "
+                f"{job.memory_mb:.0f} MB asked"
+            )
         for index in part.gpu_indices:
             gid = snapshot.gpu_ids.get((part.node, index))
             if gid is None:
@@ -386,6 +404,9 @@ def _refusal(decision: Decision, job: JobSpec, snapshot: Snapshot, ledger: _Ledg
                     return f"{where} is held exclusively"
                 if ledger.gpu_mode[gid] not in (None, p.mode.value):
                     return f"{where} is in {ledger.gpu_mode[gid]} mode, not {p.mode}"
+                why = job.whole_gpu_reason()
+                if why is not None:
+                    return f"{where} runs other jobs and {why}"
             if p.mode != SharingMode.TIME_SLICING and need > ledger.gpu_free_mb[gid] + 1e-6:
                 return f"{where} has {ledger.gpu_free_mb[gid]:.0f} MB free, {need:.0f} MB needed"
     return None
@@ -440,6 +461,10 @@ def _write_decision(
         return False  # cancelled (or placed) meanwhile: nothing written
     for part in parts:
         ledger.node_free_cores[snapshot.node_ids[part.node]] -= part.cpus
+        node_id = snapshot.node_ids[part.node]
+        free_memory = ledger.node_free_memory.get(node_id)
+        if free_memory is not None:
+            ledger.node_free_memory[node_id] = free_memory - job.memory_mb
     for gid in gpu_ids:
         ledger.gpu_jobs[gid] += 1
         ledger.gpu_mode[gid] = p.mode.value

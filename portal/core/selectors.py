@@ -55,12 +55,18 @@ def jobs_visible_to(
     state: str | list[str] | None = None,
     kind: str | None = None,
     search: str | None = None,
+    finished_since: Any = None,
+    finished_until: Any = None,
+    owner: str | None = None,
+    project: str | None = None,
 ) -> QuerySet[Job]:
     """The jobs ``user`` may see, newest first, optionally filtered.
 
     ``state`` is one state or a comma-separated list (case-insensitive); ``kind`` one job kind;
     ``search`` a substring of the job name. Unknown states or kinds raise ``ValidationError``
-    keyed by the parameter name.
+    keyed by the parameter name. History (like ``sacct``): ``finished_since`` /
+    ``finished_until`` (datetimes) keep the jobs that finished in that window, latest finish
+    first; ``owner`` a username, ``project`` a project name (among the jobs ``user`` sees).
     """
     qs = Job.objects.select_related("owner", "profile", "project").prefetch_related(
         Prefetch(
@@ -84,7 +90,54 @@ def jobs_visible_to(
         qs = qs.filter(kind=kind)
     if search:
         qs = qs.filter(name__icontains=search.strip())
+    if owner:
+        qs = qs.filter(owner__username=owner.strip())
+    if project:
+        qs = qs.filter(project__name=project.strip())
+    if finished_since is not None or finished_until is not None:
+        qs = qs.filter(finished_at__isnull=False)
+        if finished_since is not None:
+            qs = qs.filter(finished_at__gte=finished_since)
+        if finished_until is not None:
+            qs = qs.filter(finished_at__lt=finished_until)
+        return qs.order_by("-finished_at", "-id")
     return qs.order_by("-submitted_at", "-id")
+
+
+def job_history(job: Job, now: Any = None) -> dict[str, Any]:
+    """What ``sacct`` would say of ``job``: ``elapsed_s`` (its last start to its end, or now),
+    ``queue_wait_s`` (submission to its first start, or to now while it never started),
+    ``gpu_hours`` (GPUs x time of every attempt), ``nodes`` (its last attempt's nodes, rank
+    order). Reads the prefetch of ``jobs_visible_to``; cached on the object."""
+    cached = getattr(job, "_history", None)
+    if cached is not None:
+        return cached
+    from django.utils import timezone
+
+    now = now or timezone.now()
+    attempts = job_attempts(job)
+    started = [a.started_at for a in attempts if a.started_at is not None]
+    end = job.finished_at or now
+    first = min(started) if started else None
+    last = max(started) if started else None
+    gpu_s = 0.0
+    for a in attempts:
+        if a.started_at is None:
+            continue
+        stop = a.released_at or (job.finished_at if job.finished_at else now)
+        gpu_s += len(a.gpus.all()) * max(0.0, (stop - a.started_at).total_seconds())
+    nodes: list[str] = []
+    if attempts:
+        parts = sorted(attempts[-1].parts.all(), key=lambda p: p.node_rank)
+        nodes = [p.node.name for p in parts] or [attempts[-1].node.name]
+    history = {
+        "elapsed_s": None if last is None else max(0.0, (end - last).total_seconds()),
+        "queue_wait_s": max(0.0, ((first or end) - job.submitted_at).total_seconds()),
+        "gpu_hours": round(gpu_s / 3600.0, 4),
+        "nodes": nodes,
+    }
+    job._history = history  # type: ignore[attr-defined]
+    return history
 
 
 def job_for_user(user: Any, job_id: Any) -> Job:

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F
@@ -39,6 +40,7 @@ from portal.core.models import (
 )
 from portal.core.outbox import emit_nudges, emit_schedule
 from portal.core.states import TERMINAL, IllegalTransition, JobState, can_transition
+from scheduler.domain import sharing_error
 
 # How an attempt ends when its job enters a state (``Placement.outcome``).
 _OUTCOME = {
@@ -165,6 +167,8 @@ def job_rule_errors(
         )
     for name, messages in elastic_rule_errors(data, skip=skip).items():
         errors.setdefault(name, []).extend(messages)
+    for name, messages in request_rule_errors(data, skip=skip).items():
+        errors.setdefault(name, []).extend(messages)
     if "gpus" not in skip and data.get("gpus", 0) == 0 and data.get("gpu_memory_mb"):
         errors.setdefault("gpu_memory_mb", []).append("a CPU-only job (gpus=0) asks no GPU memory")
     # Bounds (portal.core.validation), then admission against the registered cluster.
@@ -172,6 +176,44 @@ def job_rule_errors(
         errors.setdefault(name, []).extend(messages)
     for name, messages in validation.admission_errors(data, skip=set(skip) | set(errors)).items():
         errors.setdefault(name, []).extend(messages)
+    return errors
+
+
+def default_sharing() -> str:
+    """The site's default ``sharing`` (COSCHED_DEFAULT_SHARING; docs/jobs.md)."""
+    return str(settings.COSCHED.get("DEFAULT_SHARING", "never"))
+
+
+def request_defaults(data: dict[str, Any]) -> None:
+    """Fill what a submission did not say about sharing and device (docs/jobs.md): the site's
+    default sharing; device ``gpu`` for a GPU job, ``cpu`` for a CPU-only one."""
+    if not data.get("sharing"):
+        data["sharing"] = default_sharing()
+    if not data.get("device"):
+        data["device"] = "gpu" if (data.get("gpus") or 0) > 0 else "cpu"
+
+
+def request_rule_errors(
+    data: dict[str, Any], *, skip: set[str] | frozenset[str] = frozenset()
+) -> dict[str, list[str]]:
+    """Rules of the request semantics (docs/jobs.md): a known sharing value; ``device: cpu``
+    only for a job of 0 GPUs, ``gpu`` / ``auto`` only for a job of at least one."""
+    errors: dict[str, list[str]] = {}
+    sharing = data.get("sharing")
+    if "sharing" not in skip and sharing:
+        problem = sharing_error(str(sharing))
+        if problem:
+            errors["sharing"] = [problem]
+    device = data.get("device")
+    if not skip & {"device", "gpus"} and device:
+        gpus = data.get("gpus") or 0
+        if device == "cpu" and gpus > 0:
+            errors["device"] = [
+                f"device cpu runs the job on a CPU node: ask 0 GPUs (it asks {gpus}), or "
+                "device auto to let the policy choose"
+            ]
+        elif device in ("gpu", "auto") and gpus == 0:
+            errors["device"] = [f"device {device} needs at least 1 GPU (gpus is 0)"]
     return errors
 
 
@@ -236,6 +278,7 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
         errors.setdefault("project", []).extend(exc.message_dict["project"])
     if errors:
         raise ValidationError(errors)
+    request_defaults(data)
     profile: ApplicationProfile | None = data.get("profile")
     if profile is not None and not data.get("kind"):
         data["kind"] = profile.kind

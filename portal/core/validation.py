@@ -267,6 +267,7 @@ def admission_of(data: Mapping[str, Any], nodes: Iterable[Any] | None = None) ->
         "elastic_min_workers": data.get("elastic_min_workers"),
         "elastic_max_workers": data.get("elastic_max_workers"),
         "profile": data.get("profile"),
+        "sharing": data.get("sharing") or "never",
     }
     spec = job_to_domain(Job(**fields))
     return admit(spec, capacity_of(registered_nodes() if nodes is None else nodes))
@@ -277,7 +278,7 @@ def admission_errors(
 ) -> dict[str, list[str]]:
     """Admission's verdict per field (empty: the job can run on the registered cluster once it
     is free enough). Skipped when a field admission reads already failed its own check."""
-    if skip & {"gpus", "gpu_memory_mb", "cpus", "profile", "kind"}:
+    if skip & {"gpus", "gpu_memory_mb", "cpus", "profile", "kind", "memory_mb", "sharing"}:
         return {}
     verdict = admission_of(data)
     return {name: [message] for name, message in verdict.errors.items()}

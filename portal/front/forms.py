@@ -24,6 +24,8 @@ JOB_FIELDS = (
     "gpu_memory_mb",
     "cpus",
     "memory_mb",
+    "sharing",
+    "device",
     "priority",
     "params",
     "elastic_min_workers",
@@ -132,7 +134,32 @@ class JobSubmitForm(forms.Form):
         help_text="Per GPU. Blank: the profile's maximum.",
     )
     cpus = _bounded("cpus", label="CPUs", initial=1, required=False)
-    memory_mb = _bounded("memory_mb", label="Memory (MB)", required=False)
+    memory_mb = _bounded(
+        "memory_mb",
+        label="Host memory (MB)",
+        required=False,
+        help_text="Reserved on the node; the job is stopped if it uses more. Blank: not limited.",
+    )
+    sharing = forms.CharField(
+        max_length=40,
+        required=False,
+        label="GPU sharing",
+        widget=forms.TextInput(attrs={"list": "sharing-choices", "placeholder": "site default"}),
+        help_text=(
+            "never (GPUs of its own), allowed, mps, time_slicing or a MIG profile (1g.6gb). "
+            "Blank: the site default. A job whose GPU memory is unknown is never packed."
+        ),
+    )
+    device = forms.ChoiceField(
+        choices=[
+            ("", "From GPUs (gpu, or cpu for 0 GPUs)"),
+            ("gpu", "gpu: GPUs only"),
+            ("auto", "auto: a CPU node where the policy finds it better"),
+            ("cpu", "cpu: CPU only"),
+        ],
+        required=False,
+        label="Device",
+    )
     priority = _bounded(
         "priority",
         initial=0,
@@ -305,6 +332,8 @@ class JobSubmitForm(forms.Form):
         fields["priority"] = fields["priority"] or 0
         fields["command"] = fields["command"] or ""
         fields["container_image"] = fields["container_image"] or ""
+        fields["sharing"] = (fields["sharing"] or "").strip()
+        fields["device"] = fields["device"] or ""
         fields["project"] = self.cleaned_data.get("project") or None
         fields["dependencies"] = cd.get("dependencies") or []
         fields["held"] = bool(cd.get("held"))

@@ -134,6 +134,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from scheduler.domain import (
+    SHARING_ALLOWED,
+    SHARING_NEVER,
     UNCONSOLIDATED_SPEED,
     ClusterState,
     Decision,
@@ -199,6 +201,30 @@ def job_type_key(job: JobSpec) -> str:
     """What makes two jobs interchangeable for pooling and scoring: the job type, else the
     profile name, else the job id (no pooling). ``JobSpec.type_key``."""
     return job.type_key()
+
+
+def memory_basis(job: JobSpec) -> str:
+    """What the policy knows of ``job``'s GPU memory: "9.1 GB declared", "8.3 GB, its
+    profile's max" or "unknown (no profiled max, no gpu_memory_mb)"."""
+    if job.gpu_memory_mb is not None:
+        return f"{gb(job.gpu_memory_mb)} GB declared"
+    if job.profile is not None and job.profile.gpu_memory_max_mb is not None:
+        return f"{gb(job.profile.gpu_memory_max_mb)} GB, its profile's max"
+    return "unknown (no profiled max, no gpu_memory_mb)"
+
+
+def request_text(job: JobSpec, cand: Candidate | None) -> str:
+    """What a GPU job's placement (``cand``) or waiting reason (None) adds about its request:
+    "; a GPU of its own: <why>" for a job that may not share; "; packed on its GPU memory:
+    <basis>" for a job placed beside others; "" otherwise."""
+    if job.gpus <= 0:
+        return ""
+    why = job.whole_gpu_reason()
+    if why is not None:
+        return f"; whole GPUs of its own: {why}"
+    if cand is not None and cand.residents:
+        return f"; shares (sharing: {job.sharing}) on its GPU memory: {memory_basis(job)}"
+    return ""
 
 
 def oom_beside(job: JobSpec, residents: Sequence[str], shunned: frozenset[str]) -> str | None:
@@ -275,10 +301,12 @@ class WorkNode:
         "size_by_sid",
         "containers",
         "barred",
+        "free_memory_mb",
     )
 
     def __init__(self, node: NodeState, order: int) -> None:
         self.name = node.name
+        self.free_memory_mb = node.free_memory_mb  # host memory; None: not tracked
         self.kind = node.kind
         self.cores = node.cores
         self.free_cores = node.free_cores
@@ -386,6 +414,12 @@ class Candidate:
     @property
     def pool_size(self) -> int:
         return len(self.pool) if self.pool is not None else 1
+
+    def start_fresh(self, mode: SharingMode) -> None:
+        """Run on the candidate's idle GPU(s) under ``mode`` (no MIG instance): what a job's
+        request (``FrameworkPolicy.honour_request``) makes of a policy's choice."""
+        self.mode = mode
+        self.mig_profile = None
 
 
 @dataclass(slots=True, eq=False)
@@ -678,6 +712,8 @@ class WorkingView:
             self.touched.add(node.order)
             if node.cores > 0:
                 node.free_cores -= job.cpus
+            if node.free_memory_mb is not None:
+                node.free_memory_mb -= job.memory_mb
             for gpu in gpus:
                 self._remove_from_pool(gpu)
                 gpu.jobs = [*gpu.jobs, job]
@@ -1099,6 +1135,8 @@ class FrameworkPolicy(Policy):
                         explanation = self.explain_gang(job, chosen, cands, view)
                     else:
                         explanation = self.explain(job, chosen, cands, view)
+                    if chosen.gpus:
+                        explanation += request_text(job, chosen)
                     placement = view.reserve(job, chosen)
                     decisions.append(Decision(placement, self.name, explanation, chosen.score))
                 if held is not None and regime == "short":
@@ -1121,7 +1159,7 @@ class FrameworkPolicy(Policy):
                 reason = reason or "no feasible placement"
                 if job.container:
                     reason = f"a container job, on nodes with a container runtime: {reason}"
-                waiting[job.id] = reason
+                waiting[job.id] = reason + request_text(job, None)
                 if not backfill:
                     blocked_by = job
             finally:
@@ -1143,12 +1181,16 @@ class FrameworkPolicy(Policy):
         reason = view.failures.get(key)
         cands: list[Candidate] = []
         if reason is None:
-            cands = [
+            fitting = [
                 c
                 for c in self.candidates(job, view)
                 if self.keep(job, c, view) and (not job.container or c.in_containers())
             ]
-            if not cands:
+            cands = self.honour_request(job, fitting)
+            if fitting and not cands:
+                reason = self.request_refusal(job, fitting)
+                view.failures[key] = reason
+            elif not cands:
                 if regime == "long" and held is not None:
                     # Kept off the reserved GPUs: would it fit on them?
                     view.show_idle(held.work)
@@ -1302,6 +1344,7 @@ class FrameworkPolicy(Policy):
             job.oom_with or None,  # observed pairs: jobs of one shape fit differently
             job.owner,  # MPS GPUs take one owner's jobs: owners fit differently
             job.container,  # container jobs see only the nodes with a runtime
+            (job.sharing, job.may_share(), job.allow_cpu, job.memory_mb),  # what it allows
         )
 
     def feasibility_key(self, job: JobSpec) -> Any:
@@ -1324,6 +1367,70 @@ class FrameworkPolicy(Policy):
     def keep(self, job: JobSpec, cand: Candidate, view: WorkingView) -> bool:
         """Extra filter on one candidate (default: keep)."""
         return True
+
+    def request_refusal(self, job: JobSpec, fitting: list[Candidate]) -> str:
+        """Why every placement that fits ``job`` breaks what it asked (``honour_request``
+        left none): its host memory, its own GPUs, or its device."""
+        parts = [node for c in fitting for node, _ in c.parts]
+        tracked = [n.free_memory_mb for n in parts if n.free_memory_mb is not None]
+        if job.memory_mb > 0 and tracked and max(tracked) < job.memory_mb:
+            return (
+                f"needs {job.memory_mb:.0f} MB of host memory on a node: at most "
+                f"{max(tracked):.0f} MB free on the {len(fitting)} placement(s) that fit "
+                "otherwise"
+            )
+        gpu = [c for c in fitting if c.gpus]
+        if job.gpus > 0 and not gpu:
+            return (
+                f"device gpu: it runs on GPUs only, and the {len(fitting)} placement(s) that "
+                "fit are on CPU nodes (device auto allows them)"
+            )
+        if not job.may_share():  # the waiting reason then says why (``request_text``)
+            return f"no idle GPU fits; the {len(gpu)} shared GPU(s) with room are not for it"
+        return (
+            f"the {len(gpu)} placement(s) that fit are not in the mode it asked "
+            f"(sharing: {job.sharing})"
+        )
+
+    def honour_request(self, job: JobSpec, cands: list[Candidate]) -> list[Candidate]:
+        """The candidates that honour what the job asked (docs/jobs.md), for every policy:
+
+        - a job asking host memory (``memory_mb``) only on nodes with that much free (where
+          nodes track it; the first GPU of a pool stands for the pool, as for cores);
+        - a GPU job that may not run on a CPU node (``allow_cpu`` off) gets no CPU candidate;
+        - a job that may not share (``JobSpec.whole_gpu_reason``: ``sharing: never``, or its
+          GPU memory is unknown) gets no GPU with residents, and an idle GPU under EXCLUSIVE
+          (a fresh sharing mode would let others join it);
+        - ``sharing: mps`` / ``time_slicing`` joins only GPUs under that mode, and an idle GPU
+          starts under it where the GPU supports it (else exclusive); a MIG profile name joins
+          only instances of that profile, and an idle GPU otherwise runs it whole, exclusive.
+        """
+        if job.memory_mb > 0:  # host memory, reserved per node (docs/jobs.md)
+            cands = [
+                c
+                for c in cands
+                if all(
+                    node.free_memory_mb is None or node.free_memory_mb >= job.memory_mb
+                    for node, _ in c.parts
+                )
+            ]
+        if job.gpus <= 0:
+            return cands
+        out: list[Candidate] = []
+        shares = job.may_share()
+        wanted = job.sharing
+        for c in cands:
+            if not c.gpus:
+                if job.allow_cpu:
+                    out.append(c)
+                continue
+            if c.residents:
+                if not shares or not _mode_matches(c, wanted):
+                    continue
+            elif not shares or not _mode_matches(c, wanted):
+                _make_fresh(c, wanted if shares else SHARING_NEVER)
+            out.append(c)
+        return out
 
     def fresh_mode(self, spec: GpuSpec) -> SharingMode:
         """The mode an idle GPU gets: EXCLUSIVE, or for co-locating policies ``share_mode`` if
@@ -1434,6 +1541,11 @@ class FrameworkPolicy(Policy):
         if not cand.gpus:
             return f"placed {where}: CPU node chosen among {len(cands)} that fit"
         gpu = cand.gpus[0]
+        if len(cand.gpus) == 1:  # a one-GPU job in the mode it asked (``honour_request``)
+            return (
+                f"placed {where} {self.residents_text(cand)}: chosen among {len(cands)} GPUs "
+                f"that fit what it asked (sharing: {job.sharing}); {self.fit_text(job, cand)}"
+            )
         return (
             f"placed {where}: {len(cand.gpus)} whole idle {gpu.spec.model} on one node "
             f"(multi-GPU jobs do not share), chosen among {len(cands)} node groups that fit; "
@@ -1739,7 +1851,8 @@ class FrameworkPolicy(Policy):
             )
         text = f"no idle GPU with {gb(need)} GB{only} ({idle} idle GPUs, all too small)"
         if idle == 0:
-            text = f"no idle GPU{only} (all {view.gpu_count} busy or down)"
+            needs = f"; it needs {gb(need)} GB" if job.memory_known() else ""
+            text = f"no idle GPU{only} (all {view.gpu_count} busy or down{needs})"
         if self.colocate:
             most_free = max(
                 (
@@ -1792,6 +1905,38 @@ class FrameworkPolicy(Policy):
                     f"(at most {max(mig_free)} free compute slices on a MIG GPU)"
                 )
         return text
+
+
+def _mode_matches(cand: Candidate, wanted: str) -> bool:
+    """Whether ``cand``'s mode is one a job asking ``sharing: wanted`` accepts."""
+    if wanted == SHARING_ALLOWED:
+        return True
+    if wanted in (SharingMode.MPS.value, SharingMode.TIME_SLICING.value):
+        return cand.mode == SharingMode(wanted)
+    if wanted == SHARING_NEVER:
+        return cand.mode == SharingMode.EXCLUSIVE
+    return cand.mode == SharingMode.MIG and (
+        cand.mig_profile is not None and cand.mig_profile.name == wanted
+    )
+
+
+def _make_fresh(cand: Candidate, wanted: str) -> None:
+    """Start ``cand``'s idle GPU(s) under the mode ``sharing: wanted`` asks: MPS or
+    time-slicing where every GPU supports it, else exclusive (a whole GPU satisfies any
+    request)."""
+    mode = SharingMode.EXCLUSIVE
+    if cand.mode == SharingMode.MIG and len(cand.gpus) == 1:
+        # The policy starts a MIG GPU: the instance asked, if the GPU offers it.
+        gpu = cand.gpus[0]
+        prof = gpu.spec.mig_profile(wanted)
+        if prof is not None and prof.compute_slices <= gpu.free_mig_slices():
+            cand.mig_profile = prof
+            return
+    if wanted in (SharingMode.MPS.value, SharingMode.TIME_SLICING.value):
+        asked = SharingMode(wanted)
+        if all(g.spec.supports(asked) for g in cand.gpus) and len(cand.gpus) == 1:
+            mode = asked
+    cand.start_fresh(mode)
 
 
 def _gpu_at(node: NodeState, index: int) -> GpuState | None:

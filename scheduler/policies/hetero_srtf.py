@@ -82,6 +82,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from scheduler.domain import (
+    SHARING_ALLOWED,
     Action,
     ActionKind,
     ClusterState,
@@ -450,6 +451,12 @@ def _residual(
             replace(n, free_cores=n.free_cores - cores_used.get(n.name, 0), gpus=tuple(gpus))
         )
     return tuple(out)
+
+
+def _may_pack(job: JobSpec) -> bool:
+    """Whether ``job`` may share a GPU under MPS (the only mode this policy packs in): it
+    allows sharing (``JobSpec.may_share``) and asks for no other mode (docs/jobs.md)."""
+    return job.may_share() and job.sharing in (SHARING_ALLOWED, SharingMode.MPS.value)
 
 
 def _fmt_h(seconds: float) -> str:
@@ -1016,7 +1023,12 @@ class HeteroSrtfPolicy(Policy):
                 cores[part.node] = cores.get(part.node, 0) + part.cpus
             c.freed = None
         spec = self._specs.get(model)
-        mps = self.pack and spec is not None and spec.supports(SharingMode.MPS)
+        mps = (
+            self.pack
+            and spec is not None
+            and spec.supports(SharingMode.MPS)
+            and _may_pack(c.job)  # else a GPU of its own: nobody joins it
+        )
         mode = SharingMode.MPS if mps else SharingMode.EXCLUSIVE
 
         def ok(node: str) -> bool:
@@ -1062,6 +1074,9 @@ class HeteroSrtfPolicy(Policy):
             f"{why}: key {_fmt_h(c.key)}, about {_fmt_h(there)} left on {model}{spread}"
             f"{vs}; placed on {where}"
         )
+        own = c.job.whole_gpu_reason()
+        if own is not None and self.pack:
+            text += f"; whole GPUs of its own: {own}"
         return Decision(pl, self.name, text, score=c.key)
 
     def _pack(
@@ -1091,6 +1106,8 @@ class HeteroSrtfPolicy(Policy):
                 continue
             if any(len(gpu_jobs.get(k, ())) > 1 for k in keys):
                 continue
+            if not _may_pack(h.job):
+                continue
             groups.setdefault((h.gpus, m, h.job.job_type, h.job.owner), []).append((keys, h))
         by_size: dict[int, list[tuple[str, str | None, str | None]]] = {}
         for k, m, t, o in groups:
@@ -1100,7 +1117,7 @@ class HeteroSrtfPolicy(Policy):
         for c in pending:
             if left <= 0:
                 break
-            if c.job.id in started or c.job.id in waiting:
+            if c.job.id in started or c.job.id in waiting or not _may_pack(c.job):
                 continue
             best: tuple[float, Key, Cand, str] | None = None
             need_mb = c.job.memory_need_mb()

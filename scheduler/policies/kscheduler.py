@@ -271,7 +271,7 @@ class CoRunGroupPolicy(FrameworkPolicy):
         k = self.group_of.get(job.id)
         if k is not None:
             self._gpu_of.setdefault(k, chosen.gpus[0])
-            if chosen.gpus[0].spec.mps_thread_limit:
+            if chosen.gpus[0].spec.mps_thread_limit and chosen.mode == MPS:
                 self._extras[job.id] = {"mps_percentage": self.shares[job.id]}
         return chosen
 

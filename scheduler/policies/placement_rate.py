@@ -111,9 +111,11 @@ def job_times(
     # A profile without GPU times says nothing against any GPU (as in the framework's filter).
     unprofiled = job.profile is None or not job.profile.gpu_time_s
     can_gpu = job.gpus >= 1 and (best is not None or unprofiled)
-    can_cpu = (has_cpu_nodes and (job.gpus == 0 or (cpu is not None and job.gpus == 1))) or (
-        gpu_node_cores and job.gpus == 0
-    )
+    # A GPU job goes to a CPU node only when it allows it (``allow_cpu``: ``device: auto``);
+    # a CPU job may also use a GPU node's spare cores.
+    can_cpu = (
+        has_cpu_nodes and (job.gpus == 0 or (cpu is not None and job.gpus == 1 and job.allow_cpu))
+    ) or (gpu_node_cores and job.gpus == 0)
     return JobTimes(best[0] if best else None, best[1] if best else None, cpu, can_gpu, can_cpu)
 
 

@@ -77,6 +77,7 @@ from scheduler.classes import (
     sensitivity_class,
 )
 from scheduler.domain import (
+    SHARING_ALLOWED,
     ClusterState,
     GpuSpec,
     JobSpec,
@@ -139,6 +140,11 @@ class SharingCandidate(Candidate):
         self.est_s = math.inf
         self.tier = 0
         self.why = ""
+
+    def start_fresh(self, mode: SharingMode) -> None:
+        super().start_fresh(mode)
+        self.mig_layout = None
+        self.creates = False
 
 
 class _MigState:
@@ -296,7 +302,9 @@ class SharingPolicyBase(FrameworkPolicy):
     shortlist: ClassVar[bool] = True
 
     def candidates(self, job: JobSpec, view: WorkingView) -> list[Candidate]:
-        if job.gpus != 1:
+        if job.gpus != 1 or job.sharing != SHARING_ALLOWED or not job.may_share():
+            # Whole GPUs, or the mode the job asked: the framework's candidates, which
+            # ``honour_request`` restricts to what the job allows.
             return super().candidates(job, view)
         need, cpus, allowed = job.memory_need_mb(), job.cpus, self.allowed_models(job)
         out: list[tuple[Any, ...]] = []  # every offer (when not shortlisting)

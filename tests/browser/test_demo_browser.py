@@ -36,6 +36,7 @@ def _submit_25(user) -> None:
             profile=profile,
             gpus=gpus,
             cpus=1,
+            sharing="allowed",  # the container slots: these jobs allow sharing (docs/jobs.md)
         )
 
 

@@ -56,6 +56,7 @@ def running_on(owner, node: Node, index: int, prof: ApplicationProfile, mode: st
         gpus=1,
         gpu_memory_mb=2000,
         profile=prof,
+        sharing="allowed",  # it runs on a shared GPU (docs/jobs.md)
     )
     job_transition(job, JobState.SCHEDULED, actor="test")
     job_transition(job, JobState.RUNNING, actor="test")

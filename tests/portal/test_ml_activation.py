@@ -32,6 +32,7 @@ def cluster(alice):
         gpus=1,
         gpu_memory_mb=2000,
         profile=profile("mid", 50.0),
+        sharing="allowed",  # coscheml pairs it with a resident (docs/jobs.md)
     )
     return {"node": node, "on_busy": on_busy, "on_calm": on_calm, "newcomer": newcomer}
 

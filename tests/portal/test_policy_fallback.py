@@ -47,7 +47,10 @@ def fragile(monkeypatch):
 
 
 def _submit(owner, name: str) -> Job:
-    return Job.objects.create(owner=owner, name=name, command="true", gpus=1, gpu_memory_mb=1000)
+    # Allows sharing (docs/jobs.md), so binpack packs the third job beside another.
+    return Job.objects.create(
+        owner=owner, name=name, command="true", gpus=1, gpu_memory_mb=1000, sharing="allowed"
+    )
 
 
 def _errors(caplog) -> list[logging.LogRecord]:

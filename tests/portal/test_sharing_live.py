@@ -45,9 +45,11 @@ def resnet():
 
 
 def _job(owner, name, profile):
+    # These jobs allow sharing (docs/jobs.md: the default is GPUs of their own).
     return Job.objects.create(
-        owner=owner, name=name, command="true", gpus=1, gpu_memory_mb=2000, profile=profile
-    )
+        owner=owner, name=name, command="true", gpus=1, gpu_memory_mb=2000, profile=profile,
+        sharing="allowed",
+    )  # fmt: skip
 
 
 def test_the_owner_reaches_the_job_spec(alice, resnet):

@@ -119,8 +119,29 @@ def test_without_usable_cgroups_the_fallback_is_said_and_is_an_address_space_lim
     assert "NOT limited by cgroups" in limits.describe()
     assert limits.for_job("j", 2, 300, gpu=False) == {"cpus": 2, "memory_mb": 300,
                                                       "rlimit_as_mb": 300}  # fmt: skip
-    # A GPU job's CUDA context reserves far more address space than it uses: no limit.
-    assert "rlimit_as_mb" not in limits.for_job("j", 2, 300, gpu=True)
+    # A GPU job's CUDA context reserves far more address space than it uses: a data limit.
+    gpu_entry = limits.for_job("j", 2, 300, gpu=True)
+    assert "rlimit_as_mb" not in gpu_entry and gpu_entry["rlimit_data_mb"] == 300
+
+
+def test_the_data_limit_of_a_gpu_job_stops_an_allocation_beyond_its_memory(tmp_path):
+    """The fallback limit binds: a process asking 200 MB with a 64 MB limit gets MemoryError
+    (and one within it runs)."""
+    import subprocess
+    import sys
+
+    launch = JobLaunch({"limits": {"rlimit_data_mb": 64}})
+    code = "import sys; b = bytearray(int(sys.argv[1]) * 2**20); print('ok', len(b))"
+    big = subprocess.run(
+        [sys.executable, "-c", code, "200"], preexec_fn=launch.preexec, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert big.returncode != 0 and "MemoryError" in big.stderr
+    small = subprocess.run(
+        [sys.executable, "-c", code, "1"], preexec_fn=launch.preexec, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert small.returncode == 0 and small.stdout.startswith("ok")
 
 
 def test_a_job_that_cannot_be_confined_does_not_run_and_its_log_says_why(accounts, tmp_path):

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('core', '0014_job_log_tail'),
+        ('core', '0015_job_sharing_device'),
     ]
 
     operations = [

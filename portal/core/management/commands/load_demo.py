@@ -455,6 +455,10 @@ class Command(BaseCommand):
                     gpus=1,
                     gpu_memory_mb=declared[app],
                     cpus=1,
+                    # Seed 004 shares GPUs and sends jobs to the CPU node where its placement
+                    # rate says so: the jobs declare both (docs/jobs.md).
+                    sharing="allowed",
+                    device="auto",
                     params={"scenario": "004"},
                 )
                 created += was_created
