@@ -19,7 +19,9 @@ from the simulator's truth:
    job defends its GPUs with ``key x (1 - preempt_margin) - preemption_cost_s``: a waiting job
    preempts it only if it is shorter by the margin *and* the restart cost
    (``should_preempt``: swapping two jobs saves ``r_running - r_waiting - cost`` seconds of
-   total JCT). A job preempted ``max_preemptions`` times keeps its GPUs until it ends.
+   total JCT). A job preempted ``max_preemptions`` times is no longer preempted for other
+   jobs, but still moves to a faster model when one frees up (it is never pinned on a slow
+   GPU by the cap).
 4. **Which GPU model** (``assign_models``): the chosen jobs go to the models where they lose
    least against their own fastest model (cost ``remaining(g) / best``: the job's slowdown on
    g; a running job pays ``preemption_cost_s`` to move), first greedily in key order, then by
@@ -38,8 +40,10 @@ from the simulator's truth:
    one job of the same GPU count, owner and model under MPS, if the estimated pair throughput
    ``norm_a + norm_b`` (each job's co-run speed over its solo speed, from the measured pair
    table: ``MeasuredInterference.measured_pair``; unmeasured pairs are never packed) is at least
-   the threshold; the best such pair first. A packed job (the one that joined) moves to a GPU of
-   its own when one is free, if its preemption bound allows.
+   the threshold; the best such pair first. With a ``ClusterState.knowledge`` the norms are
+   its ``co_run_speed`` estimates (a noisy pair prior, refined by measured co-runs; no
+   estimate, no packing: multi-GPU pairs have none until measured). A packed job (the one
+   that joined) moves to a GPU of its own when one is free, if its preemption bound allows.
 
 Parameters (``portal/core/policy_settings.py`` documents them for the admin):
 
@@ -515,6 +519,7 @@ class HeteroSrtfPolicy(Policy):
         self.tick_interval_s: float | None = tick or None
         self.preemptions: dict[str, int] = {}
         self._pairs: Any = None
+        self._knowledge: Any = None
         self._max_node: dict[str, int] = {}
         self._specs: dict[str, GpuSpec] = {}
         self._node_cache: dict[str, _NodeFacts] = {}
@@ -524,7 +529,16 @@ class HeteroSrtfPolicy(Policy):
     # -- helpers ---------------------------------------------------------------------------
 
     def _pair_norms(self, a: JobSpec, b: JobSpec, spec: GpuSpec) -> tuple[float, float] | None:
-        """(norm of a, norm of b) next to each other on ``spec`` from measured pairs."""
+        """(norm of a, norm of b) next to each other on ``spec``: the knowledge's co-run
+        speeds (pair prior, then measured co-runs) when the state carries one, else the
+        measured pair table (callers without knowledge)."""
+        knowledge = self._knowledge
+        if knowledge is not None:
+            ea = knowledge.co_run_speed(a, spec.model, (b,), SharingMode.MPS)
+            eb = knowledge.co_run_speed(b, spec.model, (a,), SharingMode.MPS)
+            if ea is None or eb is None:
+                return None
+            return min(1.0, ea.value), min(1.0, eb.value)
         if self._pairs is None:
             from scheduler.interference import MeasuredInterference
 
@@ -537,6 +551,7 @@ class HeteroSrtfPolicy(Policy):
 
     def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
         now = state.now_s
+        self._knowledge = state.knowledge
         # GPUs per model on up nodes, the specs, idle GPUs (per-node facts cached while the
         # snapshot hands the same NodeState object: unchanged nodes cost a lookup).
         counts: dict[str, int] = {}
@@ -694,7 +709,10 @@ class HeteroSrtfPolicy(Policy):
         to_start: list[Cand] = []
         for c in running:
             target = assignment.get(c.job.id)
-            if target == c.model or c.pinned:
+            faster = target is not None and c.rem.get(target, _INF) + self.cost_s < c.rem.get(
+                c.model or "", _INF
+            )
+            if target == c.model or (c.pinned and not faster):
                 keep.append(c)
             else:
                 if target is not None:
@@ -890,8 +908,8 @@ class HeteroSrtfPolicy(Policy):
                 continue
             if pl.mode not in (SharingMode.MPS, SharingMode.EXCLUSIVE):
                 continue
-            if self.preempted(rj.job) >= self.max_preemptions:
-                continue
+            # No preemption cap here: the cap bounds how often others push a job out, not
+            # its right to move to an idle, faster GPU (no job stays pinned on a slow model).
             times = rj.job.profile.gpu_time_s
             cur = node_model.get(pl.node)
             t_cur = times.get(cur or "")

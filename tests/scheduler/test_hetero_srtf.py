@@ -290,6 +290,27 @@ def test_the_bound_also_reads_the_callers_preemption_count() -> None:
     state = _on_k80(0.1)
     rj = state.running[0]
     counted = dataclasses.replace(rj.job, params={"preemptions": 5})
-    state = dataclasses.replace(state, running=(dataclasses.replace(rj, job=counted),))
+    # Only the K80 node, and a much shorter job waiting: the cap decides whether it preempts.
+    short = gjob("b", {"K80": 100.0})
+    state = dataclasses.replace(
+        state,
+        nodes=state.nodes[1:],
+        running=(dataclasses.replace(rj, job=counted),),
+        pending=(short,),
+    )
     assert HeteroSrtfPolicy(max_preemptions=5).schedule(state, random.Random(0)).actions == ()
     assert HeteroSrtfPolicy(max_preemptions=6).schedule(state, random.Random(0)).actions != ()
+
+
+def test_the_preemption_cap_never_pins_a_job_on_a_slow_model() -> None:
+    # Preempted 5 times (at the cap): nobody pushes it out any more, but an idle V100 that
+    # saves it 45 minutes still takes it.
+    import dataclasses
+
+    state = _on_k80(0.1)
+    rj = state.running[0]
+    counted = dataclasses.replace(rj.job, params={"preemptions": 5})
+    state = dataclasses.replace(state, running=(dataclasses.replace(rj, job=counted),))
+    plan = HeteroSrtfPolicy(max_preemptions=5).schedule(state, random.Random(0))
+    assert [(d.placement.job_id, d.placement.node) for d in plan.decisions] == [("a", "v")]
+    assert "moved from K80 to V100" in plan.actions[0].explanation
