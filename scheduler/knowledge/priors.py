@@ -74,3 +74,22 @@ def truth_pair_prior(
         return speed * _noise(seed, noise, key)
 
     return prior
+
+
+class _Catalogue:
+    """Looks GPU specs up in the catalogue (``scheduler.catalog``) by model name."""
+
+    @staticmethod
+    def gpu_spec(model: str) -> Any:
+        from scheduler.catalog import gpu_spec
+
+        return gpu_spec(model)
+
+
+def table_pair_prior() -> PairPrior:
+    """The Gavel pair table (``measured``) as a prior, without noise: what a live cluster
+    starts from (measured offline, on other hardware and inputs), and what a policy handed no
+    ``Knowledge`` falls back to."""
+    from scheduler.interference import MeasuredInterference
+
+    return truth_pair_prior(MeasuredInterference(), _Catalogue())

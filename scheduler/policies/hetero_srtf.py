@@ -530,24 +530,21 @@ class HeteroSrtfPolicy(Policy):
 
     def _pair_norms(self, a: JobSpec, b: JobSpec, spec: GpuSpec) -> tuple[float, float] | None:
         """(norm of a, norm of b) next to each other on ``spec``: the knowledge's co-run
-        speeds (pair prior, then measured co-runs) when the state carries one, else the
-        measured pair table (callers without knowledge)."""
+        speeds (pair prior, then measured co-runs); without one in the state, a knowledge
+        with the Gavel table as its prior (``scheduler.knowledge.priors.table_pair_prior``)."""
         knowledge = self._knowledge
-        if knowledge is not None:
-            ea = knowledge.co_run_speed(a, spec.model, (b,), SharingMode.MPS)
-            eb = knowledge.co_run_speed(b, spec.model, (a,), SharingMode.MPS)
-            if ea is None or eb is None:
-                return None
-            return min(1.0, ea.value), min(1.0, eb.value)
-        if self._pairs is None:
-            from scheduler.interference import MeasuredInterference
+        if knowledge is None:
+            if self._pairs is None:
+                from scheduler.knowledge import Knowledge
+                from scheduler.knowledge.priors import table_pair_prior
 
-            self._pairs = MeasuredInterference()
-        sa = self._pairs.measured_pair(a, b, spec)
-        sb = self._pairs.measured_pair(b, a, spec)
-        if sa is None or sb is None or not (math.isfinite(sa) and math.isfinite(sb)):
+                self._pairs = Knowledge(pair_prior=table_pair_prior())
+            knowledge = self._pairs
+        ea = knowledge.co_run_speed(a, spec.model, (b,), SharingMode.MPS)
+        eb = knowledge.co_run_speed(b, spec.model, (a,), SharingMode.MPS)
+        if ea is None or eb is None or ea.value <= 0 or eb.value <= 0:
             return None
-        return 1.0 / max(1.0, sa), 1.0 / max(1.0, sb)
+        return min(1.0, ea.value), min(1.0, eb.value)
 
     def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
         now = state.now_s
