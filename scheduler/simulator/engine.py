@@ -877,15 +877,19 @@ class Simulator:
         now = self.now
         if ctx is not None and now > job.obs_t and job.ready_at <= job.obs_t:
             p = self._declared(job)
-            if p > job.obs_p + 1e-12:
+            window = now - job.obs_t
+            if p >= 1.0 and job.rate > 0:
+                # It reported all its declared work before the window ended: measure up to then.
+                window = min(window, (1.0 - job.obs_p) / (job.rate * job.work_factor))
+            if p > job.obs_p + 1e-12 and window > 0:
                 model, mode, co, spread, gpus = ctx
                 knowledge.observe(
                     Observation(
                         kind=ObservationKind.PROGRESS,
                         job_id=job.spec.id,
                         job_type=job.spec.type_key(),
-                        at_s=now,
-                        window_s=now - job.obs_t,
+                        at_s=job.obs_t + window,
+                        window_s=window,
                         gpu_model=model,
                         gpus=gpus,
                         mode=mode,
