@@ -217,6 +217,14 @@ _KNOWN: dict[str, ParamSpec] = {
             0,
             10_000_000,
         ),
+        ParamSpec(
+            "churn_budget",
+            FLOAT,
+            "hetero_srtf: at most this share of running jobs (at least one) requeued per cycle "
+            "(1: no limit)",
+            0,
+            1,
+        ),
         # slowdown_dr (paper 000, Algorithm 1; docs/slowdown.md)
         ParamSpec(
             "sd_threshold",

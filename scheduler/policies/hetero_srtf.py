@@ -57,6 +57,9 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
   reaches this many jobs' worth (0: never pack).
 - ``ftf_cap`` (0): finish-time-fairness cap; jobs predicted at or above it go first (0: off).
 - ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
+- ``churn_budget`` (0.02): at most this share of the running jobs (at least one) is requeued
+  (preempted or moved) per cycle; the longest go first, the others keep their GPUs until a
+  later cycle still finds the change worth its margin and restart cost (1: no limit).
 - ``replan_limit`` (512): with more running jobs than this, a running job that no waiting job
   could preempt (its defended key at most the smallest waiting key; estimated from its fastest
   model) keeps its GPUs and model without entering the assignment, so a cycle's work grows
@@ -479,6 +482,7 @@ class HeteroSrtfPolicy(Policy):
         "ftf_cap": 0.0,
         "tick_s": 0.0,
         "replan_limit": 512,
+        "churn_budget": 0.02,
     }
 
     def __init__(self, **params: Any) -> None:
@@ -493,6 +497,7 @@ class HeteroSrtfPolicy(Policy):
             self.ftf_cap = float(p["ftf_cap"])
             tick = float(p["tick_s"])
             self.replan_limit = int(p["replan_limit"])
+            self.churn_budget = float(p["churn_budget"])
         except (TypeError, ValueError) as exc:
             raise PolicyError(f"policy 'hetero_srtf': bad parameter ({exc})") from None
         checks = (
@@ -504,6 +509,7 @@ class HeteroSrtfPolicy(Policy):
             ("ftf_cap", 0 <= self.ftf_cap <= 1e6),
             ("tick_s", 0 <= tick <= 1e7),
             ("replan_limit", 0 <= self.replan_limit <= 10_000_000),
+            ("churn_budget", 0 <= self.churn_budget <= 1),
         )
         for name, ok in checks:
             if not ok:
@@ -704,6 +710,7 @@ class HeteroSrtfPolicy(Policy):
         chosen_ids = set(assignment)
         keep: list[Cand] = []
         to_start: list[Cand] = []
+        leaving: list[Cand] = []
         for c in running:
             target = assignment.get(c.job.id)
             faster = target is not None and c.rem.get(target, _INF) + self.cost_s < c.rem.get(
@@ -712,17 +719,30 @@ class HeteroSrtfPolicy(Policy):
             if target == c.model or (c.pinned and not faster):
                 keep.append(c)
             else:
-                if target is not None:
-                    to_start.append(c)
-                why = (
-                    f"moved from {c.model} to {target} (about "
-                    f"{_fmt_h(c.rem.get(c.model or '', math.nan))} "
-                    f"left there, {_fmt_h(c.rem[target])} on {target})"
-                    if target is not None
-                    else "preempted for shorter jobs (its key "
-                    f"{_fmt_h(c.key)}; remaining about {_fmt_h(c.best)})"
-                )
-                self._requeue(c, why, actions, free, gpu_jobs)
+                leaving.append(c)
+        # Churn budget: at most churn_budget of the running jobs (at least one) leave their
+        # GPUs this cycle; the longest (largest defended key) go first, the others keep their
+        # GPUs until a later cycle still finds them worth moving (preempt_margin and the
+        # restart cost are the hysteresis).
+        budget = max(1, math.floor(self.churn_budget * len(state.running)))
+        if len(leaving) > budget:
+            leaving.sort(key=lambda c: (-rank(c)[0], c.job.arrival_s, c.job.id))
+            # the deferred keep their GPUs; jobs chosen for them wait (placement fails)
+            keep.extend(leaving[budget:])
+            leaving = leaving[:budget]
+        for c in leaving:
+            target = assignment.get(c.job.id)
+            if target is not None:
+                to_start.append(c)
+            why = (
+                f"moved from {c.model} to {target} (about "
+                f"{_fmt_h(c.rem.get(c.model or '', math.nan))} "
+                f"left there, {_fmt_h(c.rem[target])} on {target})"
+                if target is not None
+                else "preempted for shorter jobs (its key "
+                f"{_fmt_h(c.key)}; remaining about {_fmt_h(c.best)})"
+            )
+            self._requeue(c, why, actions, free, gpu_jobs)
         # Jobs that wait (chosen but not placed) must not cause preemptions above; a freed GPU
         # with nothing to start is re-filled below by the next jobs in key order.
         for c in pending:
@@ -930,6 +950,7 @@ class HeteroSrtfPolicy(Policy):
             if best_m:
                 movers.append((best_gain, rj.job.id, rj, best_m))
         movers.sort(key=lambda x: (-x[0], x[1]))
+        del movers[max(1, math.floor(self.churn_budget * len(state.running))) :]  # churn budget
         for _, _, rj, m in movers:
             need_cores = max(1, rj.job.cpus)
             back = {p.node: p.cpus for p in rj.placement.parts}
