@@ -134,12 +134,17 @@ class Knowledge:
         # (type, owner or None) -> completed run times (s)
         self._durations: dict[tuple[str, str | None], list[float]] = defaultdict(list)
         self.observations = 0
+        # co_run_speed answers, cleared by every observation (policies ask the same pairs of
+        # types many times a cycle)
+        self._pair_cache: dict[tuple, Estimate | None] = {}
+        self._corun_jobs: set[str] = set()
 
     # -- learning -----------------------------------------------------------------------------
 
     def observe(self, obs: Observation) -> None:
         """Add what the cluster saw (a progress window or a completion)."""
         self.observations += 1
+        self._pair_cache.clear()
         self._who[obs.job_id] = (obs.job_type, obs.owner)
         if obs.kind is ObservationKind.COMPLETED:
             self._durations[(obs.job_type, obs.owner)].append(obs.window_s)
@@ -155,6 +160,7 @@ class Knowledge:
             co = tuple(sorted(set(obs.co_runners)))
             self._corun[(obs.job_id, obs.gpu_model, obs.mode, co)].add(done, obs.window_s)
             self._corun_by_type[(obs.gpu_model, obs.mode, co, obs.job_type)].add(obs.job_id)
+            self._corun_jobs.add(obs.job_id)
 
     def observe_all(self, observations: Sequence[Observation]) -> None:
         for obs in observations:
@@ -246,6 +252,30 @@ class Knowledge:
     ) -> Estimate | None:
         """The job's speed beside ``co_runners`` over its speed alone (1.0: no slowdown), or
         None where neither a prior nor a measurement knows the pair."""
+        own = job.id if job.id in self._corun_jobs else None
+        ckey = (
+            job.type_key(),
+            job.gpus,
+            own,
+            gpu_model,
+            mode,
+            tuple(sorted((c.type_key(), c.gpus) for c in co_runners)),
+        )
+        try:
+            return self._pair_cache[ckey]
+        except KeyError:
+            pass
+        est = self._co_run_speed(job, gpu_model, co_runners, mode)
+        self._pair_cache[ckey] = est
+        return est
+
+    def _co_run_speed(
+        self,
+        job: JobSpec,
+        gpu_model: str,
+        co_runners: Sequence[JobSpec],
+        mode: SharingMode,
+    ) -> Estimate | None:
         parts: list[tuple[float, float, int, str]] = []
         if self.pair_prior is not None:
             p = self.pair_prior(job, co_runners, gpu_model, mode)

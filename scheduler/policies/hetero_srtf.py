@@ -1133,29 +1133,42 @@ class HeteroSrtfPolicy(Policy):
             by_size.setdefault(k, []).append((m, t, o))
         taken: set[Key] = set()
         left = sum(len(v) for v in groups.values())
+        # Groups by pair value, best first, per (job type, GPU count, owner): the value depends
+        # only on the types and the model, so each waiting job walks its list down to the first
+        # group with a free host that holds its memory (the best pair for it).
+        ranked: dict[tuple[str, int, str | None], list[tuple[float, str, str | None]]] = {}
         for c in pending:
             if left <= 0:
                 break
             if c.job.id in started or c.job.id in waiting:
                 continue
+            rkey = (c.job.type_key(), c.gpus, c.job.owner)
+            order = ranked.get(rkey)
+            if order is None:
+                order = []
+                for m, t, owner in by_size.get(c.gpus, ()):
+                    if owner != c.job.owner:
+                        continue
+                    members = groups[(c.gpus, m, t, owner)]
+                    norms = self._pair_norms(c.job, members[0][1].job, specs[m])
+                    if norms is None or not worth_packing(norms[0], norms[1], self.pack_threshold):
+                        continue
+                    order.append((pair_value(*norms), m, t))
+                order.sort(key=lambda x: (-x[0], x[1], x[2] or ""))
+                ranked[rkey] = order
             best: tuple[float, Key, Cand, str] | None = None
             need_mb = c.job.memory_need_mb()
-            for m, t, owner in by_size.get(c.gpus, ()):
-                if owner != c.job.owner or m not in c.rem:
+            for value, m, t in order:
+                if m not in c.rem:
                     continue
-                members = groups[(c.gpus, m, t, owner)]
-                norms = self._pair_norms(c.job, members[0][1].job, specs[m])
-                if norms is None or not worth_packing(norms[0], norms[1], self.pack_threshold):
-                    continue
-                value = pair_value(*norms)
-                if best is not None and value <= best[0]:
-                    continue
-                for keys, h in members:
+                for keys, h in groups[(c.gpus, m, t, c.job.owner)]:
                     if keys in taken:
                         continue
                     if h.job.memory_need_mb() + need_mb > specs[m].memory_mb:
                         continue
                     best = (value, keys, h, m)
+                    break
+                if best is not None:
                     break
             if best is None:
                 continue
