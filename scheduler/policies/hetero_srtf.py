@@ -1137,6 +1137,7 @@ class HeteroSrtfPolicy(Policy):
         # only on the types and the model, so each waiting job walks its list down to the first
         # group with a free host that holds its memory (the best pair for it).
         ranked: dict[tuple[str, int, str | None], list[tuple[float, str, str | None]]] = {}
+        first: dict[tuple[int, str, str | None, str | None], int] = {}  # first untaken member
         for c in pending:
             if left <= 0:
                 break
@@ -1161,7 +1162,13 @@ class HeteroSrtfPolicy(Policy):
             for value, m, t in order:
                 if m not in c.rem:
                     continue
-                for keys, h in groups[(c.gpus, m, t, c.job.owner)]:
+                gkey = (c.gpus, m, t, c.job.owner)
+                members = groups[gkey]
+                i = first.get(gkey, 0)
+                while i < len(members) and members[i][0] in taken:
+                    i += 1  # taken hosts stay taken: skip them once for every later job
+                first[gkey] = i
+                for keys, h in members[i:]:
                     if keys in taken:
                         continue
                     if h.job.memory_need_mb() + need_mb > specs[m].memory_mb:
