@@ -372,6 +372,9 @@ class Simulator:
         self.busy_area = 0.0  # GPU-seconds busy so far
         self.n_paused = 0
         self.live_nodes: dict[_Node, int] = {}  # nodes running jobs with memory steps
+        self.memory_ticks = False  # run(): the policy's ticks only watch memory
+        self.tick_every: float | None = None
+        self.tick_armed = False
         self.idle_calls = 0  # consecutive policy calls that changed nothing
         # Changes since the last recompute.
         self.touched_gpus: set[_Gpu] = set()
@@ -402,9 +405,19 @@ class Simulator:
             or self.config.reschedule_interval_s
             or getattr(self.policy, "tick_interval_s", None)
         )
+        # A policy whose ticks only watch memory (an execution plan: ``tick_watches_memory``)
+        # gets them only while a running job has memory steps; the tick chain stops otherwise
+        # and restarts when such a job is placed (a 5-s plan over a 76-day trace of jobs
+        # without steps would be millions of idle calls).
+        self.memory_ticks = (
+            not rounds_s
+            and not self.config.reschedule_interval_s
+            and bool(getattr(self.policy, "tick_watches_memory", False))
+        )
+        self.tick_every = interval
         if rounds_s:
             self._push(0.0, _TICK, None)  # decisions only at round boundaries (Gavel)
-        elif interval:
+        elif interval and not self.memory_ticks:
             self._push(interval, _TICK, None)
         self.sample_interval = self.config.sample_interval_s or self._auto_sample_interval()
         self._push(0.0, _SAMPLE, None)
@@ -432,10 +445,15 @@ class Simulator:
                     self._on_arrival(obj)
                     trigger = True
                 elif kind == _TICK:
+                    if self.memory_ticks:
+                        self.tick_armed = False
+                        if not self.live_nodes:
+                            continue  # nothing grows: the chain stops until a step job starts
                     trigger = True
                     round_now = True
                     if self._alive():
                         self._push(t + interval, _TICK, None)
+                        self.tick_armed = True
                 elif kind == _READY:
                     if obj.status == _RUNNING and obj.ready_at <= t:  # its MIG instance is up
                         self.touched_jobs.add(obj)
@@ -469,7 +487,8 @@ class Simulator:
             self._record_timeline()
             if sample:
                 self._sample_slowdown()
-                if self._active() or (interval and self._alive()):
+                ticking = interval and (not self.memory_ticks or self.tick_armed)
+                if self._active() or (ticking and self._alive()):
                     self._push(t + self.sample_interval, _SAMPLE, None)
         return self._finish(stopped_early, time.perf_counter() - wall0)
 
@@ -1469,6 +1488,9 @@ class Simulator:
         return solo / self.config.unconsolidated_speed
 
     def _count_live(self, node: _Node, delta: int) -> None:
+        if delta > 0 and self.memory_ticks and not self.tick_armed and self.tick_every:
+            self._push(self.now + self.tick_every, _TICK, None)
+            self.tick_armed = True
         n = self.live_nodes.get(node, 0) + delta
         if n > 0:
             self.live_nodes[node] = n
