@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pandas as pd
+import pandas as pd  # type: ignore[import-untyped]  # pandas ships no type hints
 
 from scheduler.simulator.results import SimConfig
 

@@ -1144,9 +1144,9 @@ class HeteroSrtfPolicy(Policy):
             if c.job.id in started or c.job.id in waiting:
                 continue
             rkey = (c.job.type_key(), c.gpus, c.job.owner)
-            order = ranked.get(rkey)
-            if order is None:
-                order = []
+            ranking = ranked.get(rkey)
+            if ranking is None:
+                ranking = []
                 for m, t, owner in by_size.get(c.gpus, ()):
                     if owner != c.job.owner:
                         continue
@@ -1154,12 +1154,12 @@ class HeteroSrtfPolicy(Policy):
                     norms = self._pair_norms(c.job, members[0][1].job, specs[m])
                     if norms is None or not worth_packing(norms[0], norms[1], self.pack_threshold):
                         continue
-                    order.append((pair_value(*norms), m, t))
-                order.sort(key=lambda x: (-x[0], x[1], x[2] or ""))
-                ranked[rkey] = order
+                    ranking.append((pair_value(*norms), m, t))
+                ranking.sort(key=lambda x: (-x[0], x[1], x[2] or ""))
+                ranked[rkey] = ranking
             best: tuple[float, Key, Cand, str] | None = None
             need_mb = c.job.memory_need_mb()
-            for value, m, t in order:
+            for value, m, t in ranking:
                 if m not in c.rem:
                     continue
                 gkey = (c.gpus, m, t, c.job.owner)
