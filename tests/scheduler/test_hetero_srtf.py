@@ -314,3 +314,30 @@ def test_the_preemption_cap_never_pins_a_job_on_a_slow_model() -> None:
     plan = HeteroSrtfPolicy(max_preemptions=5).schedule(state, random.Random(0))
     assert [(d.placement.job_id, d.placement.node) for d in plan.decisions] == [("a", "v")]
     assert "moved from K80 to V100" in plan.actions[0].explanation
+
+
+def test_the_churn_budget_bounds_requeues_per_cycle() -> None:
+    # 4 GPUs run long jobs, 4 much shorter jobs wait: without a budget all 4 are preempted;
+    # with churn_budget 0.02 (of 4 running: at least one) only the longest goes this cycle.
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState, Placement, RunningJob
+
+    longs = [gjob(f"l{i}", {"K80": 10_000.0 * (i + 1)}) for i in range(4)]
+    busy = {
+        i: GpuState("k", i, gpu_spec("K80"), SharingMode.EXCLUSIVE, (j.id,))
+        for i, j in enumerate(longs)
+    }
+    state = ClusterState(
+        now_s=10.0,
+        nodes=(gpu_node("k", "K80", 4, gpus=busy),),
+        pending=tuple(gjob(f"s{i}", {"K80": 100.0}, arrival=5.0) for i in range(4)),
+        running=tuple(
+            RunningJob(j, Placement(j.id, "k", (i,), SharingMode.EXCLUSIVE), 0.0, progress=0.0)
+            for i, j in enumerate(longs)
+        ),
+    )
+    free = HeteroSrtfPolicy(churn_budget=1.0, pack_threshold=0).schedule(state, random.Random(0))
+    assert sorted(a.job_id for a in free.actions) == ["l0", "l1", "l2", "l3"]
+    capped = HeteroSrtfPolicy(pack_threshold=0).schedule(state, random.Random(0))
+    assert [a.job_id for a in capped.actions] == ["l3"]
+    assert len(capped.decisions) == 1
