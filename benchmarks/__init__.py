@@ -20,6 +20,7 @@ BENCHMARKS: dict[str, str] = {
     "api": "benchmarks.api_latency",
     "live": "benchmarks.live_latency",
     "replay": "benchmarks.replay_throughput",
+    "churn": "benchmarks.churn",
 }
 """Registered benchmarks in the order the runner runs them."""
 
@@ -30,4 +31,5 @@ DESCRIPTIONS: dict[str, str] = {
     "api": "REST API latency: POST and GET /api/v1/jobs/ against gunicorn + PostgreSQL",
     "live": "end-to-end submit -> RUNNING latency with Celery and virtual node agents",
     "replay": "what-if replay of 10,000 finished jobs from PostgreSQL under two policies",
+    "churn": "hetero_srtf at 80,000 busy GPUs: cycle time, share requeued; 100,000-job replay",
 }

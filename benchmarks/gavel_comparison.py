@@ -69,8 +69,9 @@ def run_one(
     sc = load_scenario(scenario)
     jobs = list(sc.jobs)
     true_jobs = jobs
+    truth: dict[str, float] = {}
     if noise:
-        jobs = with_noisy_estimates(jobs, noise, seed)
+        jobs, truth = with_noisy_estimates(jobs, noise, seed)
     config = dataclasses.replace(sc.config, preemption_cost_s=cost_s)
     params = dict(sc.policy_params.get(policy, {}))
     if "preemption_cost_s" in policy_defaults(policy):
@@ -81,6 +82,7 @@ def run_one(
         build_policy(policy, params),
         interference=build_interference(sc.interference or "measured"),
         config=config,
+        true_work=truth,
     )
     counts: dict[str, int] = {}
     for n in sc.cluster.nodes:

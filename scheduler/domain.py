@@ -27,10 +27,6 @@ if TYPE_CHECKING:
 #: 0.30). ``tests/scheduler/test_gangs.py`` recomputes it from the file.
 UNCONSOLIDATED_SPEED = 0.74
 
-#: ``JobSpec.params`` key the simulator reads (never a policy): true work / estimated work of a
-#: job whose profile times are noisy estimates (``scheduler.estimates``). Absent: 1.
-TRUE_WORK_FACTOR = "true_work_factor"
-
 
 #: ``JobSpec.sharing`` values besides a MIG profile name (docs/jobs.md): ``never`` (whole GPUs
 #: of its own: nobody is packed beside it), ``allowed`` (the policy decides), ``mps`` /

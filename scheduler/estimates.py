@@ -3,10 +3,12 @@
 A job's profile times (``gpu_time_s`` per model, its unconsolidated times, ``cpu_time_s``) are
 the scheduler's *estimates* (throughput x declared work). ``with_noisy_estimates`` multiplies
 every time of a job by one lognormal factor ``exp(N(0, sigma))`` (seeded; the same job gets the
-same factor for every GPU model: the user misjudged the work, not the GPU), and records the
-truth in ``params[TRUE_WORK_FACTOR]`` = true / estimated work. The simulator runs the job for
-its true work and reports progress as done / declared work, as a live job counting its steps
-against ``total_steps`` would; policies never read the factor.
+same factor for every GPU model: the user misjudged the work, not the GPU) and returns, beside
+the noisy jobs, the truth as a separate map: job id -> true / estimated work. The map goes to
+the simulator's engine (``simulate(..., true_work=...)``, or ``SimConfig.estimate_noise``,
+which draws it inside the engine), never into ``JobSpec``: policies cannot read it. The
+simulator runs each job for its true work and reports progress as done / declared work, as a
+live job counting its steps against ``total_steps`` would.
 """
 
 from __future__ import annotations
@@ -16,19 +18,23 @@ import math
 import random
 from collections.abc import Sequence
 
-from scheduler.domain import TRUE_WORK_FACTOR, JobSpec
+from scheduler.domain import JobSpec
 
 
-def with_noisy_estimates(jobs: Sequence[JobSpec], sigma: float, seed: int) -> list[JobSpec]:
-    """``jobs`` with each job's profile times multiplied by its own lognormal noise factor.
+def with_noisy_estimates(
+    jobs: Sequence[JobSpec], sigma: float, seed: int
+) -> tuple[list[JobSpec], dict[str, float]]:
+    """(``jobs`` with each job's profile times multiplied by its own lognormal noise factor,
+    job id -> true / estimated work for the jobs that changed).
 
-    ``sigma`` is the standard deviation of the factor's logarithm (0: unchanged copies);
-    ``seed`` seeds the factors (one draw per job, in trace order).
+    ``sigma`` is the standard deviation of the factor's logarithm (0: unchanged copies and an
+    empty map); ``seed`` seeds the factors (one draw per job, in trace order).
     """
     if not 0 <= sigma <= 10 or math.isnan(sigma):
         raise ValueError(f"estimate noise sigma must be in [0, 10], got {sigma!r}")
     rng = random.Random(seed)
     out = []
+    truth: dict[str, float] = {}
     for job in jobs:
         noise = math.exp(rng.gauss(0.0, sigma)) if sigma > 0 else 1.0
         prof = job.profile
@@ -43,7 +49,6 @@ def with_noisy_estimates(jobs: Sequence[JobSpec], sigma: float, seed: int) -> li
             },
             cpu_time_s=None if prof.cpu_time_s is None else prof.cpu_time_s * noise,
         )
-        params = dict(job.params)
-        params[TRUE_WORK_FACTOR] = 1.0 / noise
-        out.append(dataclasses.replace(job, profile=est, params=params))
-    return out
+        truth[job.id] = 1.0 / noise
+        out.append(dataclasses.replace(job, profile=est))
+    return out, truth

@@ -145,7 +145,6 @@ def run_peers(
     notes: list[str] | None = None,
 ) -> pd.DataFrame:
     """One row per (trace, policy, seed) with ``run_metrics``' figures."""
-    from scheduler.estimates import with_noisy_estimates
     from scheduler.interference import build_interference
     from scheduler.policies.registry import build_policy
     from scheduler.scenarios import load_scenario
@@ -162,8 +161,10 @@ def run_peers(
                 counts[g.spec.model] = counts.get(g.spec.model, 0) + 1
         for seed in range(seeds):
             truth = trace_jobs(trace, sc.jobs, seed)
-            jobs = with_noisy_estimates(truth, noise, seed) if noise > 0 else truth
-            config = dataclasses.replace(sc.config, seed=seed, preemption_cost_s=restart_s)
+            jobs = truth  # the engine draws the noisy estimates (and keeps the truth to itself)
+            config = dataclasses.replace(
+                sc.config, seed=seed, preemption_cost_s=restart_s, estimate_noise=noise
+            )
             config, missing = engine_options(config, round_s, pair_noise)
             if missing and notes is not None:
                 text = (

@@ -107,7 +107,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="SIGMA",
         help="multiply each job's work estimate by lognormal noise exp(N(0, SIGMA)), seeded "
-        "by --seed; the simulator runs the true work (scheduler/estimates.py)",
+        "by --seed; the simulator runs the true work, which policies never see "
+        "(scheduler/estimates.py)",
+    )
+    p.add_argument(
+        "--pair-noise",
+        type=float,
+        metavar="SIGMA",
+        help="lognormal noise on the pair table policies start from (the knowledge's prior; "
+        "0: the simulator's exact table, an oracle); measured co-runs refine it",
+    )
+    p.add_argument(
+        "--round-s",
+        type=float,
+        metavar="SECONDS",
+        help="consult the policy only every SECONDS (Gavel's rounds); arrivals wait for the "
+        "next round",
     )
     p.add_argument("--out", help="directory for summary.csv, jobs.csv and report.html")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -177,17 +192,22 @@ def _run(args: argparse.Namespace) -> int:
         overrides["unconsolidated_speed"] = args.unconsolidated_speed
     if args.preemption_cost_s is not None:
         overrides["preemption_cost_s"] = args.preemption_cost_s
+    for field_name, flag in (
+        ("estimate_noise", "--estimate-noise"),
+        ("pair_noise", "--pair-noise"),
+        ("round_s", "--round-s"),
+    ):
+        value = getattr(args, field_name)
+        if value is not None:
+            try:
+                dataclasses.replace(SimConfig(), **{field_name: value})
+            except ValueError as exc:
+                raise InputError(str(exc), file="command line", field=flag) from None
+            overrides[field_name] = value
     try:
         config = dataclasses.replace(config, **overrides)
     except ValueError as exc:  # SimConfig's own range checks
         raise InputError(str(exc), file="command line") from None
-    if args.estimate_noise is not None:
-        from scheduler.estimates import with_noisy_estimates
-
-        try:
-            jobs = with_noisy_estimates(jobs, args.estimate_noise, config.seed)
-        except ValueError as exc:
-            raise InputError(str(exc), file="command line", field="--estimate-noise") from None
 
     results = run_policies(
         cluster,

@@ -272,6 +272,14 @@ _KNOWN: dict[str, ParamSpec] = {
             0,
             0.99,
         ),
+        ParamSpec(
+            "churn_budget",
+            FLOAT,
+            "hetero_srtf: at most this share of running jobs (at least one) requeued per cycle "
+            "(1: no limit)",
+            0,
+            1,
+        ),
         # slowdown_dr (paper 000, Algorithm 1; docs/slowdown.md)
         ParamSpec(
             "sd_threshold",

@@ -125,15 +125,26 @@ class Knowledge:
         )
         # job id -> (type, owner): to pool a job's windows by type
         self._who: dict[str, tuple[str, str | None]] = {}
+        # (type, model, spread) -> ids of jobs of that type with solo windows there
+        self._by_type: dict[tuple[str, str | None, bool], set[str]] = defaultdict(set)
+        # (model, mode, co-runner types, type) -> ids of jobs with such co-run windows
+        self._corun_by_type: dict[
+            tuple[str | None, SharingMode, tuple[str, ...], str], set[str]
+        ] = defaultdict(set)
         # (type, owner or None) -> completed run times (s)
         self._durations: dict[tuple[str, str | None], list[float]] = defaultdict(list)
         self.observations = 0
+        # co_run_speed answers, cleared by every observation (policies ask the same pairs of
+        # types many times a cycle)
+        self._pair_cache: dict[tuple, Estimate | None] = {}
+        self._corun_jobs: set[str] = set()
 
     # -- learning -----------------------------------------------------------------------------
 
     def observe(self, obs: Observation) -> None:
         """Add what the cluster saw (a progress window or a completion)."""
         self.observations += 1
+        self._pair_cache.clear()
         self._who[obs.job_id] = (obs.job_type, obs.owner)
         if obs.kind is ObservationKind.COMPLETED:
             self._durations[(obs.job_type, obs.owner)].append(obs.window_s)
@@ -144,9 +155,12 @@ class Knowledge:
             return
         if obs.alone and obs.mode is not SharingMode.MIG:
             self._solo[(obs.job_id, obs.gpu_model, obs.spread)].add(done, obs.window_s)
+            self._by_type[(obs.job_type, obs.gpu_model, obs.spread)].add(obs.job_id)
         elif not obs.alone:
-            key = (obs.job_id, obs.gpu_model, obs.mode, tuple(sorted(obs.co_runners)))
-            self._corun[key].add(done, obs.window_s)
+            co = tuple(sorted(set(obs.co_runners)))
+            self._corun[(obs.job_id, obs.gpu_model, obs.mode, co)].add(done, obs.window_s)
+            self._corun_by_type[(obs.gpu_model, obs.mode, co, obs.job_type)].add(obs.job_id)
+            self._corun_jobs.add(obs.job_id)
 
     def observe_all(self, observations: Sequence[Observation]) -> None:
         for obs in observations:
@@ -160,9 +174,9 @@ class Knowledge:
 
     def _type_solo_times(self, job_type: str, model: str | None, spread: bool) -> list[float]:
         out = []
-        for (jid, m, sp), r in self._solo.items():
-            same_type = self._who.get(jid, ("", None))[0] == job_type
-            if m == model and sp == spread and r.rate is not None and same_type:
+        for jid in self._by_type.get((job_type, model, spread), ()):
+            r = self._solo.get((jid, model, spread))
+            if r is not None and r.rate is not None:
                 out.append(1.0 / r.rate)
         return out
 
@@ -238,22 +252,54 @@ class Knowledge:
     ) -> Estimate | None:
         """The job's speed beside ``co_runners`` over its speed alone (1.0: no slowdown), or
         None where neither a prior nor a measurement knows the pair."""
+        own = job.id if job.id in self._corun_jobs else None
+        ckey = (
+            job.type_key(),
+            job.gpus,
+            own,
+            gpu_model,
+            mode,
+            tuple(sorted((c.type_key(), c.gpus) for c in co_runners)),
+        )
+        try:
+            return self._pair_cache[ckey]
+        except KeyError:
+            pass
+        est = self._co_run_speed(job, gpu_model, co_runners, mode)
+        self._pair_cache[ckey] = est
+        return est
+
+    def _co_run_speed(
+        self,
+        job: JobSpec,
+        gpu_model: str,
+        co_runners: Sequence[JobSpec],
+        mode: SharingMode,
+    ) -> Estimate | None:
         parts: list[tuple[float, float, int, str]] = []
         if self.pair_prior is not None:
             p = self.pair_prior(job, co_runners, gpu_model, mode)
             if p is not None and p > 0 and math.isfinite(p):
                 parts.append((math.log(p), self.pair_prior_sigma, 0, "pair prior"))
-        others = tuple(sorted(c.type_key() for c in co_runners))
+        others = tuple(sorted({c.type_key() for c in co_runners}))
         key_type = job.type_key()
         ratios: list[float] = []
-        for (jid, m, md, co), r in self._corun.items():
-            if m != gpu_model or md != mode or co != others or r.rate is None:
+        ids = set(self._corun_by_type.get((gpu_model, mode, others, key_type), ()))
+        if (job.id, gpu_model, mode, others) in self._corun:
+            ids.add(job.id)
+        for jid in ids:
+            r = self._corun.get((jid, gpu_model, mode, others))
+            if r is None or r.rate is None:
                 continue
-            if jid != job.id and self._who.get(jid, ("", None))[0] != key_type:
-                continue
-            solo = self._job_solo_rate(jid, m, False)
+            solo = self._job_solo_rate(jid, gpu_model, False)
             if solo is not None and solo.rate is not None:
                 ratios.append(r.rate / solo.rate)
+            elif jid == job.id:
+                # Never seen alone: its declared rate alone is 1 / its profile time there
+                # (progress counts declared work, so the work estimate's error cancels).
+                t = job.run_time_s(gpu_model)
+                if t is not None and t > 0:
+                    ratios.append(r.rate * t)
         if ratios:
             logs = [math.log(x) for x in ratios if x > 0]
             if logs:

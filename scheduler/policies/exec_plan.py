@@ -171,6 +171,8 @@ class ExecPlanPolicy(Policy):
         )
         # The simulator calls the policy this often (engine: ``tick_interval_s``).
         self.tick_interval_s = self.interval_s
+        # The ticks watch memory: the simulator skips them while no running job has steps.
+        self.tick_watches_memory = True
 
     # -- the cycle -----------------------------------------------------------------------------
 

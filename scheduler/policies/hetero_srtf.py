@@ -19,7 +19,9 @@ from the simulator's truth:
    job defends its GPUs with ``key x (1 - preempt_margin) - preemption_cost_s``: a waiting job
    preempts it only if it is shorter by the margin *and* the restart cost
    (``should_preempt``: swapping two jobs saves ``r_running - r_waiting - cost`` seconds of
-   total JCT). A job preempted ``max_preemptions`` times keeps its GPUs until it ends.
+   total JCT). A job preempted ``max_preemptions`` times is no longer preempted for other
+   jobs, but still moves to a faster model when one frees up (it is never pinned on a slow
+   GPU by the cap).
 4. **Which GPU model** (``assign_models``): the chosen jobs go to the models where they lose
    least against their own fastest model (cost ``remaining(g) / best``: the job's slowdown on
    g; a running job pays ``preemption_cost_s`` to move), first greedily in key order, then by
@@ -38,8 +40,10 @@ from the simulator's truth:
    one job of the same GPU count, owner and model under MPS, if the estimated pair throughput
    ``norm_a + norm_b`` (each job's co-run speed over its solo speed, from the measured pair
    table: ``MeasuredInterference.measured_pair``; unmeasured pairs are never packed) is at least
-   the threshold; the best such pair first. A packed job (the one that joined) moves to a GPU of
-   its own when one is free, if its preemption bound allows.
+   the threshold; the best such pair first. With a ``ClusterState.knowledge`` the norms are
+   its ``co_run_speed`` estimates (a noisy pair prior, refined by measured co-runs; no
+   estimate, no packing: multi-GPU pairs have none until measured). A packed job (the one
+   that joined) moves to a GPU of its own when one is free, if its preemption bound allows.
 
 Parameters (``portal/core/policy_settings.py`` documents them for the admin):
 
@@ -53,6 +57,9 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
   reaches this many jobs' worth (0: never pack).
 - ``ftf_cap`` (0): finish-time-fairness cap; jobs predicted at or above it go first (0: off).
 - ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
+- ``churn_budget`` (0.02): at most this share of the running jobs (at least one) is requeued
+  (preempted or moved) per cycle; the longest go first, the others keep their GPUs until a
+  later cycle still finds the change worth its margin and restart cost (1: no limit).
 - ``replan_limit`` (512): with more running jobs than this, a running job that no waiting job
   could preempt (its defended key at most the smallest waiting key; estimated from its fastest
   model) keeps its GPUs and model without entering the assignment, so a cycle's work grows
@@ -482,6 +489,7 @@ class HeteroSrtfPolicy(Policy):
         "ftf_cap": 0.0,
         "tick_s": 0.0,
         "replan_limit": 512,
+        "churn_budget": 0.02,
     }
 
     def __init__(self, **params: Any) -> None:
@@ -496,6 +504,7 @@ class HeteroSrtfPolicy(Policy):
             self.ftf_cap = float(p["ftf_cap"])
             tick = float(p["tick_s"])
             self.replan_limit = int(p["replan_limit"])
+            self.churn_budget = float(p["churn_budget"])
         except (TypeError, ValueError) as exc:
             raise PolicyError(f"policy 'hetero_srtf': bad parameter ({exc})") from None
         checks = (
@@ -507,6 +516,7 @@ class HeteroSrtfPolicy(Policy):
             ("ftf_cap", 0 <= self.ftf_cap <= 1e6),
             ("tick_s", 0 <= tick <= 1e7),
             ("replan_limit", 0 <= self.replan_limit <= 10_000_000),
+            ("churn_budget", 0 <= self.churn_budget <= 1),
         )
         for name, ok in checks:
             if not ok:
@@ -522,6 +532,7 @@ class HeteroSrtfPolicy(Policy):
         self.tick_interval_s: float | None = tick or None
         self.preemptions: dict[str, int] = {}
         self._pairs: Any = None
+        self._knowledge: Any = None
         self._max_node: dict[str, int] = {}
         self._specs: dict[str, GpuSpec] = {}
         self._node_cache: dict[str, _NodeFacts] = {}
@@ -531,19 +542,26 @@ class HeteroSrtfPolicy(Policy):
     # -- helpers ---------------------------------------------------------------------------
 
     def _pair_norms(self, a: JobSpec, b: JobSpec, spec: GpuSpec) -> tuple[float, float] | None:
-        """(norm of a, norm of b) next to each other on ``spec`` from measured pairs."""
-        if self._pairs is None:
-            from scheduler.interference import MeasuredInterference
+        """(norm of a, norm of b) next to each other on ``spec``: the knowledge's co-run
+        speeds (pair prior, then measured co-runs); without one in the state, a knowledge
+        with the Gavel table as its prior (``scheduler.knowledge.priors.table_pair_prior``)."""
+        knowledge = self._knowledge
+        if knowledge is None:
+            if self._pairs is None:
+                from scheduler.knowledge import Knowledge
+                from scheduler.knowledge.priors import table_pair_prior
 
-            self._pairs = MeasuredInterference()
-        sa = self._pairs.measured_pair(a, b, spec)
-        sb = self._pairs.measured_pair(b, a, spec)
-        if sa is None or sb is None or not (math.isfinite(sa) and math.isfinite(sb)):
+                self._pairs = Knowledge(pair_prior=table_pair_prior())
+            knowledge = self._pairs
+        ea = knowledge.co_run_speed(a, spec.model, (b,), SharingMode.MPS)
+        eb = knowledge.co_run_speed(b, spec.model, (a,), SharingMode.MPS)
+        if ea is None or eb is None or ea.value <= 0 or eb.value <= 0:
             return None
-        return 1.0 / max(1.0, sa), 1.0 / max(1.0, sb)
+        return min(1.0, ea.value), min(1.0, eb.value)
 
     def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
         now = state.now_s
+        self._knowledge = state.knowledge
         # GPUs per model on up nodes, the specs, idle GPUs (per-node facts cached while the
         # snapshot hands the same NodeState object: unchanged nodes cost a lookup).
         counts: dict[str, int] = {}
@@ -699,22 +717,39 @@ class HeteroSrtfPolicy(Policy):
         chosen_ids = set(assignment)
         keep: list[Cand] = []
         to_start: list[Cand] = []
+        leaving: list[Cand] = []
         for c in running:
             target = assignment.get(c.job.id)
-            if target == c.model or c.pinned:
+            faster = target is not None and c.rem.get(target, _INF) + self.cost_s < c.rem.get(
+                c.model or "", _INF
+            )
+            if target == c.model or (c.pinned and not faster):
                 keep.append(c)
             else:
-                if target is not None:
-                    to_start.append(c)
-                why = (
-                    f"moved from {c.model} to {target} (about "
-                    f"{_fmt_h(c.rem.get(c.model or '', math.nan))} "
-                    f"left there, {_fmt_h(c.rem[target])} on {target})"
-                    if target is not None
-                    else "preempted for shorter jobs (its key "
-                    f"{_fmt_h(c.key)}; remaining about {_fmt_h(c.best)})"
-                )
-                self._requeue(c, why, actions, free, gpu_jobs)
+                leaving.append(c)
+        # Churn budget: at most churn_budget of the running jobs (at least one) leave their
+        # GPUs this cycle; the longest (largest defended key) go first, the others keep their
+        # GPUs until a later cycle still finds them worth moving (preempt_margin and the
+        # restart cost are the hysteresis).
+        budget = max(1, math.floor(self.churn_budget * len(state.running)))
+        if len(leaving) > budget:
+            leaving.sort(key=lambda c: (-rank(c)[0], c.job.arrival_s, c.job.id))
+            # the deferred keep their GPUs; jobs chosen for them wait (placement fails)
+            keep.extend(leaving[budget:])
+            leaving = leaving[:budget]
+        for c in leaving:
+            target = assignment.get(c.job.id)
+            if target is not None:
+                to_start.append(c)
+            why = (
+                f"moved from {c.model} to {target} (about "
+                f"{_fmt_h(c.rem.get(c.model or '', math.nan))} "
+                f"left there, {_fmt_h(c.rem[target])} on {target})"
+                if target is not None
+                else "preempted for shorter jobs (its key "
+                f"{_fmt_h(c.key)}; remaining about {_fmt_h(c.best)})"
+            )
+            self._requeue(c, why, actions, free, gpu_jobs)
         # Jobs that wait (chosen but not placed) must not cause preemptions above; a freed GPU
         # with nothing to start is re-filled below by the next jobs in key order.
         for c in pending:
@@ -897,8 +932,8 @@ class HeteroSrtfPolicy(Policy):
                 continue
             if pl.mode not in (SharingMode.MPS, SharingMode.EXCLUSIVE):
                 continue
-            if self.preempted(rj.job) >= self.max_preemptions:
-                continue
+            # No preemption cap here: the cap bounds how often others push a job out, not
+            # its right to move to an idle, faster GPU (no job stays pinned on a slow model).
             times = rj.job.profile.gpu_time_s
             cur = node_model.get(pl.node)
             t_cur = times.get(cur or "")
@@ -922,6 +957,7 @@ class HeteroSrtfPolicy(Policy):
             if best_m:
                 movers.append((best_gain, rj.job.id, rj, best_m))
         movers.sort(key=lambda x: (-x[0], x[1]))
+        del movers[max(1, math.floor(self.churn_budget * len(state.running))) :]  # churn budget
         for _, _, rj, m in movers:
             need_cores = max(1, rj.job.cpus)
             back = {p.node: p.cpus for p in rj.placement.parts}
@@ -1114,29 +1150,49 @@ class HeteroSrtfPolicy(Policy):
             by_size.setdefault(k, []).append((m, t, o))
         taken: set[Key] = set()
         left = sum(len(v) for v in groups.values())
+        # Groups by pair value, best first, per (job type, GPU count, owner): the value depends
+        # only on the types and the model, so each waiting job walks its list down to the first
+        # group with a free host that holds its memory (the best pair for it).
+        ranked: dict[tuple[str, int, str | None], list[tuple[float, str, str | None]]] = {}
+        first: dict[tuple[int, str, str | None, str | None], int] = {}  # first untaken member
         for c in pending:
             if left <= 0:
                 break
             if c.job.id in started or c.job.id in waiting or not _may_pack(c.job):
                 continue
+            rkey = (c.job.type_key(), c.gpus, c.job.owner)
+            ranking = ranked.get(rkey)
+            if ranking is None:
+                ranking = []
+                for m, t, owner in by_size.get(c.gpus, ()):
+                    if owner != c.job.owner:
+                        continue
+                    members = groups[(c.gpus, m, t, owner)]
+                    norms = self._pair_norms(c.job, members[0][1].job, specs[m])
+                    if norms is None or not worth_packing(norms[0], norms[1], self.pack_threshold):
+                        continue
+                    ranking.append((pair_value(*norms), m, t))
+                ranking.sort(key=lambda x: (-x[0], x[1], x[2] or ""))
+                ranked[rkey] = ranking
             best: tuple[float, Key, Cand, str] | None = None
             need_mb = c.job.memory_need_mb()
-            for m, t, owner in by_size.get(c.gpus, ()):
-                if owner != c.job.owner or m not in c.rem:
+            for value, m, t in ranking:
+                if m not in c.rem:
                     continue
-                members = groups[(c.gpus, m, t, owner)]
-                norms = self._pair_norms(c.job, members[0][1].job, specs[m])
-                if norms is None or not worth_packing(norms[0], norms[1], self.pack_threshold):
-                    continue
-                value = pair_value(*norms)
-                if best is not None and value <= best[0]:
-                    continue
-                for keys, h in members:
+                gkey = (c.gpus, m, t, c.job.owner)
+                members = groups[gkey]
+                i = first.get(gkey, 0)
+                while i < len(members) and members[i][0] in taken:
+                    i += 1  # taken hosts stay taken: skip them once for every later job
+                first[gkey] = i
+                for keys, h in members[i:]:
                     if keys in taken:
                         continue
                     if h.job.memory_need_mb() + need_mb > specs[m].memory_mb:
                         continue
                     best = (value, keys, h, m)
+                    break
+                if best is not None:
                     break
             if best is None:
                 continue

@@ -51,7 +51,6 @@ from scheduler.admission import admit, capacity_of
 from scheduler.catalog import MigLayoutError
 from scheduler.cluster_spec import ClusterSpec
 from scheduler.domain import (
-    TRUE_WORK_FACTOR,
     Action,
     ActionKind,
     ClusterState,
@@ -67,6 +66,8 @@ from scheduler.domain import (
     SharingMode,
 )
 from scheduler.interference import InterferenceModel
+from scheduler.knowledge import Knowledge, Observation, ObservationKind
+from scheduler.knowledge.priors import truth_pair_prior
 from scheduler.policies.base import Policy
 from scheduler.simulator.elastic import (
     CurveTable,
@@ -135,9 +136,13 @@ class _Job:
         "dp",
         "gpu_s",
         "held_since",
+        "obs_t",
+        "obs_p",
+        "obs_ctx",
+        "run_s",
     )
 
-    def __init__(self, spec: JobSpec, seq: int) -> None:
+    def __init__(self, spec: JobSpec, seq: int, work_factor: float = 1.0) -> None:
         self.spec = spec
         self.seq = seq
         self.status = _PENDING
@@ -170,9 +175,16 @@ class _Job:
         self.dp: DataParallelJob | None = None  # an elastic job on a measured curve
         self.gpu_s = 0.0  # GPU-seconds held so far
         self.held_since = 0.0
-        # True work / estimated work (noisy estimates: scheduler.estimates). The profile holds
-        # the estimate the policy reads; the simulator runs the job for the true work.
-        self.work_factor = float(spec.params.get(TRUE_WORK_FACTOR, 1.0)) if spec.params else 1.0
+        # True work / estimated work (noisy estimates: scheduler.estimates). Engine-private:
+        # the profile holds the estimate the policy reads; the simulator runs the true work.
+        self.work_factor = work_factor
+        # The observation window being measured (what a live cluster would see): since obs_t,
+        # from declared progress obs_p, under obs_ctx (model, mode, co-runner types, spread,
+        # GPUs); None while not running.
+        self.obs_t = 0.0
+        self.obs_p = 0.0
+        self.obs_ctx: tuple | None = None
+        self.run_s = 0.0  # seconds placed, every attempt
         # Memory phases as segments (start, end, from_mb, to_mb); bounds = starts.
         steps = spec.profile.memory_steps if spec.profile is not None else ()
         self.const_mem = spec.memory_need_mb()
@@ -260,6 +272,13 @@ class Simulator:
 
     ``interference``: an ``InterferenceModel`` (``scheduler.interference``) or None for no
     interference. ``on_job_end(done, total)`` is called whenever a job ends (progress bars).
+
+    ``true_work``: job id -> true / declared work (the truth behind noisy estimates,
+    ``scheduler.estimates``; missing: 1). ``SimConfig.estimate_noise`` > 0 draws it here
+    instead (seeded by ``SimConfig.seed``). It stays in the engine: policies see only the
+    profiles and the ``knowledge`` (``scheduler.knowledge.Knowledge``; None: a new one with
+    the pair prior of ``SimConfig.pair_noise``, unless ``SimConfig.learn`` is False), which
+    the engine feeds what a live cluster would observe (progress windows, completions).
     """
 
     def __init__(
@@ -271,6 +290,8 @@ class Simulator:
         interference: InterferenceModel | None = None,
         config: SimConfig | None = None,
         on_job_end: Callable[[int, int], None] | None = None,
+        true_work: Mapping[str, float] | None = None,
+        knowledge: Knowledge | None = None,
     ) -> None:
         self.cluster = cluster
         self.policy = policy
@@ -283,7 +304,28 @@ class Simulator:
         if len(set(ids)) != len(ids):
             dup = next(i for i in ids if ids.count(i) > 1)
             raise SimulationError(f"job id {dup!r} appears twice in the trace")
-        self.jobs = [_Job(spec, i) for i, spec in enumerate(jobs)]
+        truth = dict(true_work or {})
+        if self.config.estimate_noise > 0:
+            from scheduler.estimates import with_noisy_estimates
+
+            jobs, drawn = with_noisy_estimates(jobs, self.config.estimate_noise, self.config.seed)
+            for k, v in drawn.items():
+                truth[k] = truth.get(k, 1.0) * v
+        self.jobs = [_Job(spec, i, truth.get(spec.id, 1.0)) for i, spec in enumerate(jobs)]
+        if knowledge is None and self.config.learn:
+            knowledge = Knowledge(
+                prior_sigma=max(self.config.estimate_noise, 0.05),
+                pair_prior_sigma=max(self.config.pair_noise, 0.05),
+                pair_prior=truth_pair_prior(
+                    interference,
+                    cluster,
+                    noise=self.config.pair_noise,
+                    seed=self.config.seed,
+                    context_switch_overhead=self.config.context_switch_overhead,
+                ),
+            )
+        self.knowledge = knowledge
+        self.last_sweep = 0.0
         self.by_id = {j.spec.id: j for j in self.jobs}
         self.nodes: list[_Node] = []
         self.node_by_name: dict[str, _Node] = {}
@@ -330,6 +372,9 @@ class Simulator:
         self.busy_area = 0.0  # GPU-seconds busy so far
         self.n_paused = 0
         self.live_nodes: dict[_Node, int] = {}  # nodes running jobs with memory steps
+        self.memory_ticks = False  # run(): the policy's ticks only watch memory
+        self.tick_every: float | None = None
+        self.tick_armed = False
         self.idle_calls = 0  # consecutive policy calls that changed nothing
         # Changes since the last recompute.
         self.touched_gpus: set[_Gpu] = set()
@@ -354,10 +399,25 @@ class Simulator:
             self._push(job.spec.arrival_s, _ARRIVAL, job)
         # A policy that must look at running jobs periodically (an execution plan) asks for
         # ticks with a ``tick_interval_s`` attribute; the config's interval wins if set.
-        interval = self.config.reschedule_interval_s or getattr(
-            self.policy, "tick_interval_s", None
+        rounds_s = self.config.round_s
+        interval = (
+            rounds_s
+            or self.config.reschedule_interval_s
+            or getattr(self.policy, "tick_interval_s", None)
         )
-        if interval:
+        # A policy whose ticks only watch memory (an execution plan: ``tick_watches_memory``)
+        # gets them only while a running job has memory steps; the tick chain stops otherwise
+        # and restarts when such a job is placed (a 5-s plan over a 76-day trace of jobs
+        # without steps would be millions of idle calls).
+        self.memory_ticks = (
+            not rounds_s
+            and not self.config.reschedule_interval_s
+            and bool(getattr(self.policy, "tick_watches_memory", False))
+        )
+        self.tick_every = interval
+        if rounds_s:
+            self._push(0.0, _TICK, None)  # decisions only at round boundaries (Gavel)
+        elif interval and not self.memory_ticks:
             self._push(interval, _TICK, None)
         self.sample_interval = self.config.sample_interval_s or self._auto_sample_interval()
         self._push(0.0, _SAMPLE, None)
@@ -372,6 +432,7 @@ class Simulator:
             self._advance_clock(t)
             trigger = False
             sample = False
+            round_now = False
             while self.heap and self.heap[0][0] <= t:
                 _, kind, _, obj, version = heapq.heappop(self.heap)
                 self.events += 1
@@ -384,9 +445,15 @@ class Simulator:
                     self._on_arrival(obj)
                     trigger = True
                 elif kind == _TICK:
+                    if self.memory_ticks:
+                        self.tick_armed = False
+                        if not self.live_nodes:
+                            continue  # nothing grows: the chain stops until a step job starts
                     trigger = True
+                    round_now = True
                     if self._alive():
                         self._push(t + interval, _TICK, None)
+                        self.tick_armed = True
                 elif kind == _READY:
                     if obj.status == _RUNNING and obj.ready_at <= t:  # its MIG instance is up
                         self.touched_jobs.add(obj)
@@ -400,8 +467,11 @@ class Simulator:
                     sample = True
             rounds = 0
             while True:
+                if rounds_s and not round_now:
+                    trigger = False  # between rounds nothing is decided; arrivals wait
                 if trigger:
                     self._call_policy()
+                    round_now = False
                 trigger = self._recompute()
                 if self.freed_for_queue:
                     # the next cycle of the live system: the queue sees the freed GPUs now
@@ -417,7 +487,8 @@ class Simulator:
             self._record_timeline()
             if sample:
                 self._sample_slowdown()
-                if self._active() or (interval and self._alive()):
+                ticking = interval and (not self.memory_ticks or self.tick_armed)
+                if self._active() or (ticking and self._alive()):
                     self._push(t + self.sample_interval, _SAMPLE, None)
         return self._finish(stopped_early, time.perf_counter() - wall0)
 
@@ -557,6 +628,8 @@ class Simulator:
     def _release(self, job: _Job) -> None:
         """Take a running job off its GPUs and cores."""
         self._advance(job)
+        self._observe_window(job, reopen=False)
+        job.run_s += self.now - job.last_start
         self._charge(job)
         job.dp = None
         for gpu in job.gpus:
@@ -598,6 +671,21 @@ class Simulator:
         job.reason = reason
         job.finish = self.now
         self.done += 1
+        if reason == EndReason.COMPLETED and self.knowledge is not None and job.run_s > 0:
+            self.knowledge.observe(
+                Observation(
+                    kind=ObservationKind.COMPLETED,
+                    job_id=job.spec.id,
+                    job_type=job.spec.type_key(),
+                    at_s=self.now,
+                    window_s=job.run_s,
+                    gpu_model=job.model,
+                    gpus=job.spec.gpus,
+                    progress_from=0.0,
+                    progress_to=1.0,
+                    owner=job.spec.owner,
+                )
+            )
         if self.on_job_end is not None:
             self.on_job_end(self.done, len(self.jobs))
 
@@ -642,6 +730,11 @@ class Simulator:
                 )
                 killed = True
                 continue
+            if self.knowledge is not None:
+                ctx = self._obs_context(job)
+                if ctx != job.obs_ctx or new_rate != job.rate:
+                    self._observe_window(job, reopen=False)
+                    job.obs_t, job.obs_p, job.obs_ctx = self.now, self._declared(job), ctx
             if new_rate != job.rate or job in touched_jobs:
                 job.rate = new_rate
                 job.version += 1
@@ -773,12 +866,83 @@ class Simulator:
     # ------------------------------------------------------------------------------------
     # The policy
 
+    # ------------------------------------------------------------------------------------
+    # Observations: what a live cluster would see (scheduler.knowledge)
+
+    def _declared(self, job: _Job) -> float:
+        """Progress as the job reports it: done / declared work (capped at 1)."""
+        return min(1.0, job.progress_at(self.now) * job.work_factor)
+
+    def _obs_context(self, job: _Job) -> tuple | None:
+        """(model, mode, co-runner types, spread, GPUs) of a running, progressing job."""
+        if job.status != _RUNNING or job.paused or job.dp is not None or not job.gpus:
+            return None
+        pl = job.placement
+        mode = pl.mode if pl is not None else SharingMode.EXCLUSIVE
+        co = sorted(
+            {o.spec.type_key() for g in job.gpus for o in g.jobs if o is not job and not o.paused}
+            if mode != SharingMode.MIG
+            else ()
+        )
+        spread = len(job.nodes) > 1
+        return (job.model, mode, tuple(co), spread, len(job.gpus))
+
+    def _observe_window(self, job: _Job, *, reopen: bool) -> None:
+        """Hand the window since ``job.obs_t`` to the knowledge (if it progressed)."""
+        knowledge = self.knowledge
+        if knowledge is None:
+            return
+        ctx = job.obs_ctx
+        now = self.now
+        if ctx is not None and now > job.obs_t and job.ready_at <= job.obs_t:
+            p = self._declared(job)
+            window = now - job.obs_t
+            if p >= 1.0 and job.rate > 0:
+                # It reported all its declared work before the window ended: measure up to then.
+                window = min(window, (1.0 - job.obs_p) / (job.rate * job.work_factor))
+            if p > job.obs_p + 1e-12 and window > 0:
+                model, mode, co, spread, gpus = ctx
+                knowledge.observe(
+                    Observation(
+                        kind=ObservationKind.PROGRESS,
+                        job_id=job.spec.id,
+                        job_type=job.spec.type_key(),
+                        at_s=job.obs_t + window,
+                        window_s=window,
+                        gpu_model=model,
+                        gpus=gpus,
+                        mode=mode,
+                        co_runners=co,
+                        progress_from=job.obs_p,
+                        progress_to=p,
+                        owner=job.spec.owner,
+                        spread=spread,
+                    )
+                )
+        if reopen:
+            job.obs_t, job.obs_p = now, self._declared(job)
+        else:
+            job.obs_ctx = None
+
+    def _sweep_observations(self) -> None:
+        """Report every running job's window (the live progress reports) every
+        ``SimConfig.observe_every_s`` seconds."""
+        if self.knowledge is None or self.now - self.last_sweep < self.config.observe_every_s:
+            return
+        self.last_sweep = self.now
+        for job in self.running.values():
+            if job.obs_ctx is not None:
+                self._advance(job)
+                self._observe_window(job, reopen=True)
+
     def _call_policy(self) -> None:
+        self._sweep_observations()
         state = ClusterState(
             now_s=self.now,
             nodes=self._nodes_snapshot(),
             pending=self._pending_snapshot(),
             running=self._running_snapshot(),
+            knowledge=self.knowledge,
         )
         t0 = time.perf_counter()
         plan = self.policy.schedule(state, self.rng)
@@ -1324,6 +1488,9 @@ class Simulator:
         return solo / self.config.unconsolidated_speed
 
     def _count_live(self, node: _Node, delta: int) -> None:
+        if delta > 0 and self.memory_ticks and not self.tick_armed and self.tick_every:
+            self._push(self.now + self.tick_every, _TICK, None)
+            self.tick_armed = True
         n = self.live_nodes.get(node, 0) + delta
         if n > 0:
             self.live_nodes[node] = n
@@ -1598,8 +1765,17 @@ def simulate(
     interference: InterferenceModel | None = None,
     config: SimConfig | None = None,
     on_job_end: Callable[[int, int], None] | None = None,
+    true_work: Mapping[str, float] | None = None,
+    knowledge: Knowledge | None = None,
 ) -> SimResult:
     """Replay ``jobs`` on ``cluster`` under ``policy``; see ``Simulator``."""
     return Simulator(
-        cluster, jobs, policy, interference=interference, config=config, on_job_end=on_job_end
+        cluster,
+        jobs,
+        policy,
+        interference=interference,
+        config=config,
+        on_job_end=on_job_end,
+        true_work=true_work,
+        knowledge=knowledge,
     ).run()

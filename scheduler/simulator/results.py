@@ -78,6 +78,17 @@ class SimConfig:
     - ``preemption_cost_s``: a job a policy requeued (preempted or migrated) makes no progress
       for this many seconds after it is placed again (checkpoint and restart); 0 is Gavel's
       assumption. ``preemption_cost_by_type`` overrides it per ``JobSpec.job_type``.
+    - ``estimate_noise``: sigma of the lognormal factor on every job's declared work
+      (``scheduler.estimates``; seeded by ``seed``); the engine keeps the true work to itself.
+    - ``pair_noise``: sigma of the lognormal noise on the pair prior the knowledge starts from
+      (the simulator's own interference model, per GPU model, job type and co-runner types;
+      0: the exact table, an oracle). Measured co-run windows refine it once a pair has run.
+    - ``round_s``: policies are consulted only every so many seconds, from t = 0 (Gavel's
+      rounds); arrivals, completions and failures wait for the next round. None: on events.
+    - ``learn``: hand policies a ``scheduler.knowledge.Knowledge`` fed with what a live
+      cluster would observe (progress windows of running jobs alone or beside co-runner
+      types, completions); ``observe_every_s``: running jobs report their window at least this
+      often (the live progress reports), besides every change of speed or co-location.
     """
 
     seed: int = 0
@@ -96,6 +107,11 @@ class SimConfig:
     preemption_cost_s: float = 0.0
     preemption_cost_by_type: Mapping[str, float] = field(default_factory=dict)
     elastic_model: ElasticModel | None = None
+    estimate_noise: float = 0.0
+    pair_noise: float = 0.0
+    round_s: float | None = None
+    learn: bool = True
+    observe_every_s: float = 300.0
 
     def preemption_cost(self, job_type: str | None) -> float:
         """Seconds without progress after a requeued job of ``job_type`` restarts."""
@@ -108,6 +124,13 @@ class SimConfig:
             not 0 <= v <= 1e9 for v in self.preemption_cost_by_type.values()
         ):
             raise ValueError("preemption_cost_s must be in [0, 1e9] seconds")
+        for name, v in (("estimate_noise", self.estimate_noise), ("pair_noise", self.pair_noise)):
+            if not 0 <= v <= 10:
+                raise ValueError(f"{name} must be in [0, 10], got {v!r}")
+        if self.round_s is not None and not 0 < self.round_s <= 1e7:
+            raise ValueError(f"round_s must be in (0, 1e7] seconds, got {self.round_s!r}")
+        if not 0 < self.observe_every_s <= 1e9:
+            raise ValueError(f"observe_every_s must be > 0, got {self.observe_every_s!r}")
         if not 0 < self.unconsolidated_speed <= 10:
             raise ValueError(
                 f"unconsolidated_speed must be in (0, 10], got {self.unconsolidated_speed!r}"

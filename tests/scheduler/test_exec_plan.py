@@ -212,8 +212,9 @@ def test_simulator_oom_without_the_plan_none_with_it():
     assert ("pause", "0000-LAMMPS") in kinds and ("resume", "0000-LAMMPS") in kinds
     lmp = next(r for r in with_plan.result.jobs if r.job_id == "0000-LAMMPS")
     assert lmp.paused_s > 0 and "s after its start: LAMMPS step 4 needs" in lmp.explanation
-    # The policy asked for ticks: it was called far more often than arrivals + completions.
-    assert with_plan.result.policy_calls > 10 * len(with_plan.result.jobs)
+    # The policy asked for ticks: it was called far more often than arrivals + completions
+    # (ticks come while a job with memory steps runs: the plan's watch).
+    assert with_plan.result.policy_calls > 4 * len(with_plan.result.jobs)
 
 
 def test_simulator_plan_on_the_seed004_scenario_is_harmless_and_deterministic():

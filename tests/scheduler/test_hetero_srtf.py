@@ -290,6 +290,54 @@ def test_the_bound_also_reads_the_callers_preemption_count() -> None:
     state = _on_k80(0.1)
     rj = state.running[0]
     counted = dataclasses.replace(rj.job, params={"preemptions": 5})
-    state = dataclasses.replace(state, running=(dataclasses.replace(rj, job=counted),))
+    # Only the K80 node, and a much shorter job waiting: the cap decides whether it preempts.
+    short = gjob("b", {"K80": 100.0})
+    state = dataclasses.replace(
+        state,
+        nodes=state.nodes[1:],
+        running=(dataclasses.replace(rj, job=counted),),
+        pending=(short,),
+    )
     assert HeteroSrtfPolicy(max_preemptions=5).schedule(state, random.Random(0)).actions == ()
     assert HeteroSrtfPolicy(max_preemptions=6).schedule(state, random.Random(0)).actions != ()
+
+
+def test_the_preemption_cap_never_pins_a_job_on_a_slow_model() -> None:
+    # Preempted 5 times (at the cap): nobody pushes it out any more, but an idle V100 that
+    # saves it 45 minutes still takes it.
+    import dataclasses
+
+    state = _on_k80(0.1)
+    rj = state.running[0]
+    counted = dataclasses.replace(rj.job, params={"preemptions": 5})
+    state = dataclasses.replace(state, running=(dataclasses.replace(rj, job=counted),))
+    plan = HeteroSrtfPolicy(max_preemptions=5).schedule(state, random.Random(0))
+    assert [(d.placement.job_id, d.placement.node) for d in plan.decisions] == [("a", "v")]
+    assert "moved from K80 to V100" in plan.actions[0].explanation
+
+
+def test_the_churn_budget_bounds_requeues_per_cycle() -> None:
+    # 4 GPUs run long jobs, 4 much shorter jobs wait: without a budget all 4 are preempted;
+    # with churn_budget 0.02 (of 4 running: at least one) only the longest goes this cycle.
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState, Placement, RunningJob
+
+    longs = [gjob(f"l{i}", {"K80": 10_000.0 * (i + 1)}) for i in range(4)]
+    busy = {
+        i: GpuState("k", i, gpu_spec("K80"), SharingMode.EXCLUSIVE, (j.id,))
+        for i, j in enumerate(longs)
+    }
+    state = ClusterState(
+        now_s=10.0,
+        nodes=(gpu_node("k", "K80", 4, gpus=busy),),
+        pending=tuple(gjob(f"s{i}", {"K80": 100.0}, arrival=5.0) for i in range(4)),
+        running=tuple(
+            RunningJob(j, Placement(j.id, "k", (i,), SharingMode.EXCLUSIVE), 0.0, progress=0.0)
+            for i, j in enumerate(longs)
+        ),
+    )
+    free = HeteroSrtfPolicy(churn_budget=1.0, pack_threshold=0).schedule(state, random.Random(0))
+    assert sorted(a.job_id for a in free.actions) == ["l0", "l1", "l2", "l3"]
+    capped = HeteroSrtfPolicy(pack_threshold=0).schedule(state, random.Random(0))
+    assert [a.job_id for a in capped.actions] == ["l3"]
+    assert len(capped.decisions) == 1

@@ -81,3 +81,18 @@ def test_runs_the_sharing001_scenario_to_the_end():
     )
     assert all(r.end_reason == "completed" for r in result.jobs)
     assert {r.mode for r in result.jobs} >= {"mig", "mps", "time_slicing"}
+
+
+def test_sharing_chain_replays_a_long_philly_stretch_without_idle_ticks() -> None:
+    # The memory plan's 5-s ticks only run while a job with memory steps does: on Philly jobs
+    # (no steps) over months, the policy is called on arrivals and completions only (before,
+    # ~10^6 idle calls: the 951-job trace did not finish in hours).
+    from scheduler.policies.registry import build_policy
+    from scheduler.scenarios import load_scenario
+    from scheduler.simulator import simulate
+
+    sc = load_scenario("philly")
+    jobs = list(sc.jobs)[:120]
+    res = simulate(sc.cluster, jobs, build_policy("sharing_chain"), config=sc.config)
+    assert all(r.end_reason == "completed" for r in res.jobs)
+    assert res.policy_calls <= 3 * len(jobs)

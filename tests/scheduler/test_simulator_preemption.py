@@ -10,7 +10,6 @@ import statistics
 import pytest
 
 from scheduler.domain import (
-    TRUE_WORK_FACTOR,
     Action,
     ActionKind,
     ClusterState,
@@ -99,18 +98,22 @@ def test_preemption_cost_by_job_type_overrides_the_default() -> None:
 
 def test_noisy_estimates_change_what_policies_see_not_the_truth() -> None:
     jobs = [gjob(f"j{i}", 1000.0) for i in range(200)]
-    noisy = with_noisy_estimates(jobs, 0.5, seed=3)
+    noisy, truth = with_noisy_estimates(jobs, 0.5, seed=3)
     est = [j.profile.gpu_time_s["V100"] for j in noisy]
     logs = [math.log(t / 1000.0) for t in est]
     assert statistics.pstdev(logs) == pytest.approx(0.5, abs=0.08)
-    assert all(
-        j.params[TRUE_WORK_FACTOR] * j.profile.gpu_time_s["V100"] == pytest.approx(1000.0)
-        for j in noisy
-    )
-    assert with_noisy_estimates(jobs, 0.5, seed=3) == noisy  # seeded
-    assert with_noisy_estimates(jobs, 0.0, seed=3) == jobs
+    assert all(truth[j.id] * j.profile.gpu_time_s["V100"] == pytest.approx(1000.0) for j in noisy)
+    # The truth stays out of the jobs the policy sees.
+    assert all(j.params == {} for j in noisy)
+    assert with_noisy_estimates(jobs, 0.5, seed=3) == (noisy, truth)  # seeded
+    assert with_noisy_estimates(jobs, 0.0, seed=3) == (jobs, {})
     # The simulator runs the true 1,000 s whatever the estimate says.
-    res = simulate(one_v100(), noisy[:1], RequeueOnce())
+    res = simulate(one_v100(), noisy[:1], RequeueOnce(), true_work=truth)
+    assert res.jobs[0].finish_s == pytest.approx(1000.0)
+    # SimConfig.estimate_noise draws the same noise inside the engine.
+    res = simulate(
+        one_v100(), jobs[:1], RequeueOnce(), config=SimConfig(estimate_noise=0.5, seed=3)
+    )
     assert res.jobs[0].finish_s == pytest.approx(1000.0)
     with pytest.raises(ValueError):
         with_noisy_estimates(jobs, -1.0, seed=0)
@@ -118,13 +121,10 @@ def test_noisy_estimates_change_what_policies_see_not_the_truth() -> None:
 
 def test_reported_progress_is_done_over_declared_work() -> None:
     # Declared 500 s, true 1,000 s: at t = 250 a quarter is done, half of the declared work.
-    (job,) = with_noisy_estimates([gjob("a", 1000.0)], 0.0, seed=0)
     import dataclasses
 
     declared = dataclasses.replace(
-        job,
-        profile=Profile(name="a", gpu_time_s={"V100": 500.0}),
-        params={TRUE_WORK_FACTOR: 2.0},
+        gjob("a", 1000.0), profile=Profile(name="a", gpu_time_s={"V100": 500.0})
     )
     seen: list[float] = []
 
@@ -134,7 +134,9 @@ def test_reported_progress_is_done_over_declared_work() -> None:
             self.done = True
             return super().schedule(state, rng)
 
-    res = simulate(one_v100(), [declared, gjob("t", 1.0, arrival=250.0)], Watch())
+    res = simulate(
+        one_v100(), [declared, gjob("t", 1.0, arrival=250.0)], Watch(), true_work={"a": 2.0}
+    )
     assert seen and seen[0] == pytest.approx(0.5, abs=0.02)
     assert {r.job_id: r for r in res.jobs}["a"].finish_s == pytest.approx(1000.0)
 

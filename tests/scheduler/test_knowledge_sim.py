@@ -1,0 +1,156 @@
+"""The simulator feeds the knowledge only what a live cluster would observe (issue 24).
+
+Progress windows (rate over declared work, alone or beside co-runner types), completions,
+decisions only at round boundaries, a seeded noisy pair prior that measured co-runs correct.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from scheduler.domain import JobSpec, Profile, SharingMode
+from scheduler.interference import build_interference
+from scheduler.knowledge import Knowledge
+from scheduler.knowledge.priors import truth_pair_prior
+from scheduler.simulator import SimConfig, simulate
+from tests.scheduler.sim_helpers import FirstFit, cluster
+
+RESNET = "ResNet-50 (batch size 64)"
+TRANSFORMER = "Transformer (batch size 64)"
+
+
+def one_v100():
+    return cluster({"name": "v100", "count": 1, "gpu_model": "V100", "gpus_per_node": 1})
+
+
+def gjob(job_id: str, solo: float, *, arrival: float = 0.0, job_type: str | None = None) -> JobSpec:
+    return JobSpec(
+        id=job_id,
+        arrival_s=arrival,
+        gpus=1,
+        job_type=job_type,
+        profile=Profile(name=job_id, gpu_time_s={"V100": solo}, gpu_memory_max_mb=1000.0),
+    )
+
+
+def test_progress_windows_measure_the_declared_rate_and_completions_the_true_length() -> None:
+    # Declared 500 s, true 1,000 s (engine-private): progress counts declared work, so windows
+    # see 1 / 500 per second; the completion tells the true run time.
+    k = Knowledge()
+    job = gjob("a", 500.0, job_type=RESNET)
+    res = simulate(
+        one_v100(),
+        [job],
+        FirstFit(),
+        config=SimConfig(observe_every_s=100.0),
+        true_work={"a": 2.0},
+        knowledge=k,
+    )
+    assert res.jobs[0].finish_s == pytest.approx(1000.0)
+    est = k.solo_time(job, "V100")
+    assert est is not None and "measured" in est.source
+    assert est.value == pytest.approx(500.0, rel=0.05)
+    done = k.duration(RESNET)
+    assert done is not None and done.value == pytest.approx(1000.0)
+
+
+def test_a_pair_that_ran_corrects_a_wrong_pair_prior() -> None:
+    measured = build_interference("measured")
+    c = one_v100()
+    a, b = gjob("a", 4000.0, job_type=RESNET), gjob("b", 4000.0, job_type=TRANSFORMER)
+    # A prior far off the truth (noise sigma 2), seeded: the same seed, the same prior.
+    prior = truth_pair_prior(measured, c, noise=2.0, seed=1)
+    again = truth_pair_prior(measured, c, noise=2.0, seed=1)
+    exact = truth_pair_prior(measured, c)
+    p = prior(a, (b,), "V100", SharingMode.MPS)
+    truth = exact(a, (b,), "V100", SharingMode.MPS)
+    assert p == again(a, (b,), "V100", SharingMode.MPS)
+    assert p is not None and truth is not None and abs(math.log(p / truth)) > 0.1
+    k = Knowledge(pair_prior=prior, pair_prior_sigma=2.0)
+    before = k.co_run_speed(a, "V100", (b,), SharingMode.MPS)
+    assert before is not None and before.value == pytest.approx(p)
+    simulate(
+        c,
+        [a, b],
+        FirstFit(mode=SharingMode.MPS, per_gpu=2),
+        interference=measured,
+        config=SimConfig(observe_every_s=300.0),
+        knowledge=k,
+    )
+    after = k.co_run_speed(a, "V100", (b,), SharingMode.MPS)
+    assert after is not None and after.n > 0
+    assert after.value == pytest.approx(truth, rel=0.02)
+    assert after.sigma < before.sigma
+
+
+def test_multi_gpu_pairs_have_no_prior_from_the_gavel_table() -> None:
+    c = cluster({"name": "v", "count": 1, "gpu_model": "V100", "gpus_per_node": 4})
+    prior = truth_pair_prior(build_interference("measured"), c)
+    a, b = gjob("a", 1.0, job_type=RESNET), gjob("b", 1.0, job_type=TRANSFORMER)
+    assert prior(a, (b,), "V100", SharingMode.MPS) is not None
+    a4 = JobSpec(id="a4", arrival_s=0, gpus=4, job_type=RESNET, profile=a.profile)
+    b4 = JobSpec(id="b4", arrival_s=0, gpus=4, job_type=TRANSFORMER, profile=b.profile)
+    assert prior(a4, (b4,), "V100", SharingMode.MPS) is None
+
+
+def test_rounds_make_arrivals_wait_for_the_next_round() -> None:
+    jobs = [gjob("a", 100.0), gjob("b", 100.0, arrival=10.0)]
+    eager = FirstFit()
+    res = simulate(cluster({"name": "v", "count": 2, "gpu_model": "V100"}), jobs, eager)
+    assert {r.job_id: r.start_s for r in res.jobs} == {"a": 0.0, "b": 10.0}
+    rounds = FirstFit()
+    res = simulate(
+        cluster({"name": "v", "count": 2, "gpu_model": "V100"}),
+        jobs,
+        rounds,
+        config=SimConfig(round_s=360.0),
+    )
+    assert {r.job_id: r.start_s for r in res.jobs} == {"a": 0.0, "b": 360.0}
+    assert all(t % 360.0 == 0 for t in rounds.calls)
+
+
+def test_the_policy_sees_the_knowledge_the_engine_feeds() -> None:
+    seen: list[int] = []
+
+    class Watch(FirstFit):
+        def schedule(self, state, rng):  # type: ignore[no-untyped-def]
+            assert state.knowledge is not None
+            seen.append(state.knowledge.observations)
+            return super().schedule(state, rng)
+
+    jobs = [gjob("a", 1000.0, job_type=RESNET), gjob("b", 10.0, arrival=900.0)]
+    simulate(one_v100(), jobs, Watch(), config=SimConfig(observe_every_s=60.0))
+    assert seen[0] == 0 and seen[-1] > 0
+    # learn=False: no knowledge at all.
+    plain: list[object] = []
+
+    class Plain(FirstFit):
+        def schedule(self, state, rng):  # type: ignore[no-untyped-def]
+            plain.append(state.knowledge)
+            return super().schedule(state, rng)
+
+    simulate(one_v100(), jobs, Plain(), config=SimConfig(learn=False))
+    assert plain and all(k is None for k in plain)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "field"),
+    [
+        ("--pair-noise", "-1", "pair_noise"),
+        ("--round-s", "0", "round_s"),
+        ("--estimate-noise", "11", "estimate_noise"),
+    ],
+)
+def test_bad_noise_and_round_flags_exit_2_naming_the_flag(flag: str, value: str, field: str):
+    proc = subprocess.run(
+        [sys.executable, "-m", "scheduler.simulate", "--scenario", "seed004", flag, value],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert flag in proc.stderr and field in proc.stderr
