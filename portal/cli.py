@@ -221,6 +221,14 @@ def _field_errors_message(data: Any) -> str:
         return f"the server rejected the request: {data}"
     if set(data) == {"detail"} or ("detail" in data and "job" in data):
         return f"the server rejected the request: {data['detail']}"
+    jobs = data.get("jobs")
+    if isinstance(jobs, dict) and all(str(k).isdigit() for k in jobs):  # a bulk submission
+        lines = ["the server rejected the jobs (none was submitted):"]
+        for index, fields in jobs.items():
+            for field, messages in fields.items() if isinstance(fields, dict) else [("", fields)]:
+                for message in messages if isinstance(messages, list) else [messages]:
+                    lines.append(f"  job {index} (from 0): {field}: {message}")
+        return "\n".join(lines)
     lines = ["the server rejected the job:"]
     for field, messages in data.items():
         if isinstance(messages, dict):  # nested (e.g. params)
@@ -431,8 +439,48 @@ def _not_found(job_id: int) -> str:
     return f"job {job_id} not found (it does not exist, or it is not yours)"
 
 
+def _submit_bulk(
+    client: Client, args: argparse.Namespace, jobs: Any, raw: bytes, out: IO[str]
+) -> int:
+    """A job file of the form ``jobs: [job, ...]``: one request, all or nothing."""
+    if not isinstance(jobs, list) or not jobs or not all(isinstance(j, dict) for j in jobs):
+        raise CliError(
+            f"{args.jobfile}: 'jobs' must be a list of job mappings (at most 1000)",
+            EXIT_BAD_INPUT,
+        )
+    if args.wait:
+        raise CliError("--wait takes one job; a file of several jobs is submitted without it",
+                       EXIT_BAD_INPUT)  # fmt: skip
+    headers: dict[str, str] = {}
+    key = (
+        None if args.no_idempotency_key else (args.idempotency_key or default_idempotency_key(raw))
+    )
+    if key:
+        headers["Idempotency-Key"] = key
+    status, body = client.request(
+        "POST", "/api/v1/jobs/bulk/", body={"jobs": jobs}, headers=headers, retry=bool(key)
+    )
+    if args.json:
+        _emit_json(body, out)
+    elif args.quiet:
+        out.write("".join(f"{j['id']}\n" for j in body["jobs"]))
+    else:
+        ids = [j["id"] for j in body["jobs"]]
+        if status == 201:
+            out.write(f"Submitted {len(ids)} jobs: {ids[0]}..{ids[-1]}\n")
+        else:
+            out.write(
+                f"These {len(ids)} jobs ({ids[0]}..{ids[-1]}) were already submitted with this "
+                "idempotency key. Use --idempotency-key or --no-idempotency-key for new ones.\n"
+            )
+    out.flush()
+    return EXIT_OK
+
+
 def cmd_submit(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     fields, raw = load_job_file(args.jobfile)
+    if set(fields) == {"jobs"}:
+        return _submit_bulk(client, args, fields["jobs"], raw, out)
     if getattr(args, "time_limit", None) is not None:
         fields["time_limit"] = args.time_limit
         raw += f"\n# --time-limit {args.time_limit}".encode()  # another limit, another job

@@ -923,3 +923,25 @@ class MeSerializer(serializers.Serializer):
     email = serializers.CharField()
     is_staff = serializers.BooleanField()
     auth = serializers.CharField(help_text="how this request authenticated: token or session")
+
+
+class BulkSubmitSerializer(serializers.Serializer):
+    """``POST /api/v1/jobs/bulk/``: many jobs in one request, all or nothing."""
+
+    jobs = serializers.ListField(
+        child=serializers.DictField(),
+        min_length=1,
+        max_length=1000,
+        help_text="each a job as POST /api/v1/jobs/ takes it; at most 1000",
+    )
+
+
+class BulkJobRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField()
+    state = serializers.CharField()
+
+
+class BulkSubmitResultSerializer(serializers.Serializer):
+    created = serializers.IntegerField(help_text="jobs created (0 on a replayed Idempotency-Key)")
+    jobs = BulkJobRefSerializer(many=True, help_text="in the order submitted")

@@ -27,6 +27,8 @@ from portal.api.limits import BoundedJSONParser
 from portal.api.pagination import StandardPagination
 from portal.api.permissions import IsStaffOrReadOnly
 from portal.api.serializers import (
+    BulkSubmitResultSerializer,
+    BulkSubmitSerializer,
     CancelConflictSerializer,
     ErrorSerializer,
     GpuSerializer,
@@ -269,6 +271,72 @@ class JobViewSet(
                 headers={"Location": f"/api/v1/jobs/{job.pk}/"},
             )
         return Response(body, status=status.HTTP_200_OK, headers={REPLAYED_HEADER: "true"})
+
+    @extend_schema(
+        summary="Submit many jobs at once, all or nothing",
+        description=(
+            'For pipelines that submit hundreds of jobs: `{"jobs": [job, ...]}`, each job as '
+            "`POST /api/v1/jobs/` takes it, at most 1000. Every job is checked; if any is "
+            "refused nothing is created and the 400 names each bad job by its index: "
+            '`{"jobs": {"3": {"gpus": [...]}}}`. With an Idempotency-Key a retry of '
+            "the same batch returns the jobs created the first time (200)."
+        ),
+        parameters=[idempotency_parameter],
+        request=BulkSubmitSerializer,
+        responses={
+            201: BulkSubmitResultSerializer,
+            200: OpenApiResponse(
+                BulkSubmitResultSerializer, description="a retry with the same Idempotency-Key"
+            ),
+            400: OpenApiResponse(
+                OpenApiTypes.OBJECT, description="jobs -> index -> field -> messages"
+            ),
+            422: ErrorSerializer,
+        },
+    )
+    @action(detail=False, methods=["post"], url_path="bulk")
+    def bulk(self, request: Request) -> Response:
+        key = request.headers.get(IDEMPOTENCY_HEADER) or None
+        if key is not None and len(key) > MAX_KEY_LENGTH - 5:
+            raise ValidationError(
+                {IDEMPOTENCY_HEADER: [f"at most {MAX_KEY_LENGTH - 5} characters for a bulk submit"]}
+            )
+        body = BulkSubmitSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        context = self.get_serializer_context()
+        items, errors = [], {}
+        for i, item in enumerate(body.validated_data["jobs"]):
+            one = JobSerializer(data=item, context=context)
+            if one.is_valid():
+                items.append(one.validated_data)
+            else:
+                errors[str(i)] = one.errors
+        if errors:
+            raise ValidationError({"jobs": errors})
+        try:
+            jobs, created = services.jobs_submit_bulk(request.user, items, idempotency_key=key)
+        except services.BulkSubmitError as exc:
+            raise ValidationError({"jobs": {str(i): e for i, e in exc.errors.items()}}) from None
+        except services.IdempotencyConflict as exc:
+            return Response(
+                {
+                    "detail": (
+                        f"{IDEMPOTENCY_HEADER} {key!r} was already used for another batch "
+                        f"(job {exc.job.pk}); use a new key for a new batch"
+                    ),
+                    "job": exc.job.pk,
+                },
+                status=status.HTTP_422_UNPROCESSABLE_ENTITY,
+            )
+        data = {
+            "created": len(jobs) if created else 0,
+            "jobs": [{"id": j.pk, "name": j.name, "state": j.state} for j in jobs],
+        }
+        return Response(
+            data,
+            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
+            headers={} if created else {REPLAYED_HEADER: "true"},
+        )
 
     @extend_schema(
         summary="Cancel a job",

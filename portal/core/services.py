@@ -329,6 +329,55 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
     return job, True
 
 
+#: The most jobs one bulk submission may hold (an array holds more, in one row's worth of input).
+BULK_MAX_JOBS = 1000
+
+
+class BulkSubmitError(Exception):
+    """A bulk submission refused whole: ``errors`` maps an item's index to its field errors."""
+
+    def __init__(self, errors: dict[int, dict[str, list[str]]]) -> None:
+        super().__init__(f"{len(errors)} of the jobs are refused")
+        self.errors = errors
+
+
+def jobs_submit_bulk(
+    owner: Any, items: list[dict[str, Any]], *, idempotency_key: str | None = None
+) -> tuple[list[Job], bool]:
+    """Submit ``items`` (each already type-checked, as for ``job_submit``) all or nothing.
+
+    Every item is checked, so the error names every bad one (``BulkSubmitError``, nothing
+    stored); otherwise all jobs are created in one transaction. With ``idempotency_key``, item
+    ``i`` gets the key ``KEY#i``: a retry of the same batch returns the jobs the first one
+    created (``created`` False); the same key with a different batch raises
+    ``IdempotencyConflict``. Returns ``(jobs, created)``.
+    """
+    if not items:
+        raise BulkSubmitError({0: {"jobs": ["give at least one job"]}})
+    if len(items) > BULK_MAX_JOBS:
+        raise BulkSubmitError({0: {"jobs": [f"at most {BULK_MAX_JOBS} jobs in one submission"]}})
+    jobs: list[Job] = []
+    created_any = False
+    errors: dict[int, dict[str, list[str]]] = {}
+    with transaction.atomic():
+        for i, data in enumerate(items):
+            key = f"{idempotency_key}#{i}" if idempotency_key else None
+            try:
+                job, created = job_submit(owner, idempotency_key=key, **dict(data))
+            except ValidationError as exc:
+                errors[i] = (
+                    exc.message_dict
+                    if hasattr(exc, "error_dict")
+                    else {"non_field_errors": list(exc.messages)}
+                )
+                continue
+            created_any = created_any or created
+            jobs.append(job)
+        if errors:
+            raise BulkSubmitError(errors)  # leaving the block this way rolls every job back
+    return jobs, created_any
+
+
 def _array_tasks_create(
     first: Job, array: jobcontrol.ArraySpec, *, actor: str, note: str, data: dict[str, Any]
 ) -> None:
