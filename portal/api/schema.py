@@ -88,7 +88,8 @@ def document_every_status(
             responses.setdefault("400", _response("a bad parameter or field (named)", _FIELDS))
             for code, (description, schema) in _COMMON.items():
                 responses.setdefault(code, _response(description, schema))
-            if "{" in path or any(p.get("name") == "page" for p in params):
+            # A page past the last, or a ``format`` no renderer serves (DRF answers 404).
+            if "{" in path or any(p.get("name") in ("page", "format") for p in params):
                 responses.setdefault("404", _response("no such object, or no such page", _ERROR))
             body = op.get("requestBody")
             if body:

@@ -77,6 +77,12 @@ _KNOWN: dict[str, ParamSpec] = {
             "with backfill: the first waiting multi-GPU job gets a reservation (EASY "
             "backfilling) that later jobs may not delay",
         ),
+        ParamSpec(
+            "cpu_jobs_on_gpu_nodes",
+            BOOL,
+            "a job asking no GPU may run on a GPU node's spare cores (one core kept per idle "
+            "GPU), with every GPU device hidden from it",
+        ),
         ParamSpec("max_jobs_per_gpu", INT, "co-location limit under MPS and time-slicing", 1, 64),
         ParamSpec(
             "share_mode",

@@ -13,9 +13,11 @@ OpenAPI: the profile import reads a file (CSV, JSON, profiler output) whose rows
 and a usage window needs ``until`` after ``since`` and at most the longest window back; a
 submission is admitted against the registered cluster (a job asking more GPUs than exist is a
 400 naming the field); a profile written through the API is checked with the import's rules
-(GPU models of the catalogue, memory steps in order and under the stated maximum). Those rules
-have their own tests (test_import.py, test_usage_windows.py, test_admission.py,
-test_api_profiles.py).
+(GPU models of the catalogue, memory steps in order and under the stated maximum); history
+windows are spans or dates at most a limit back; a profiling run names an existing profile; a
+node operation depends on the node's state. Those rules have their own tests (test_import.py,
+test_usage_windows.py, test_admission.py, test_api_profiles.py, test_job_semantics.py,
+test_profiling.py, test_node_ops.py, test_api_bulk.py).
 """
 
 from __future__ import annotations
@@ -38,6 +40,18 @@ POSITIVE_DATA_EXEMPT = {
     ("POST", "/api/v1/profiles/"),
     ("PUT", "/api/v1/profiles/{id}/"),
     ("PATCH", "/api/v1/profiles/{id}/"),
+    # History windows (finished_since / finished_until) are spans or dates, at most a limit back.
+    ("GET", "/api/v1/jobs/"),
+    # Admitted against the cluster like a single submission, job by job.
+    ("POST", "/api/v1/jobs/bulk/"),
+    # A profiling run names a profile that must exist, and GPU models of the cluster.
+    ("GET", "/api/v1/profiling/"),
+    ("POST", "/api/v1/profiling/"),
+    # Node operations depend on the node's state (a node that is up cannot be resumed; one
+    # taken down cannot be drained) and drain/down need a reason that says something.
+    ("POST", "/api/v1/nodes/{id}/drain/"),
+    ("POST", "/api/v1/nodes/{id}/down/"),
+    ("POST", "/api/v1/nodes/{id}/resume/"),
 }
 
 

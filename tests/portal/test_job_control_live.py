@@ -117,8 +117,9 @@ def test_output_goes_to_the_owners_files_and_the_portal_keeps_the_whole_log(
     from portal.core.models import JobLogChunk
 
     # 60,000 numbered lines (about 700 KB: more than the 16 KB tail and than one chunk),
-    # one line to stderr.
-    command = "seq 1 60000 | sed 's/^/line /'; echo oops >&2"
+    # one line to stderr, a second later: the two streams reach the log through two copies, so
+    # a write to one may land between two writes of the other (not mid-line with the pause).
+    command = "seq 1 60000 | sed 's/^/line /'; sleep 1; echo oops >&2"
     job, _ = job_submit(
         alice, name="big", command=command, output_path="%u-%j.out", error_path="err/%j.err"
     )

@@ -23,6 +23,8 @@ PORTAL_MAY_IMPORT = {
     "workers.slowdown",
     "workers.launcher",
     "workers.sdk.client",
+    # Container image references and the allow-list (submit-time checks, docs/containers.md).
+    "workers.containers",
 }
 # The one place that hosts agents inside the portal's process: the embedded default.
 AGENT_HOSTS = {
