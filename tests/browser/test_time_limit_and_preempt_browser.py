@@ -103,9 +103,13 @@ def test_staff_preempt_a_running_job_from_its_page_and_it_resumes(
     )
 
     def two_attempts(b) -> list[str] | None:
+        from selenium.common.exceptions import StaleElementReferenceException
+
         b.refresh()
-        rows = b.find_elements(By.CSS_SELECTOR, "#attempts tbody tr")
-        texts = [r.text for r in rows]
+        try:  # the page's own refresh may replace the table while we read it
+            texts = [r.text for r in b.find_elements(By.CSS_SELECTOR, "#attempts tbody tr")]
+        except StaleElementReferenceException:
+            return None
         return texts if len(texts) == 2 and "current" in texts[1] else None
 
     rows = wait_for(browser, two_attempts, "attempt 2 placed", LIVE_WAIT_S)

@@ -230,6 +230,8 @@ def test_two_hundred_jobs_two_scheduler_workers_no_double_placement(cluster, use
         assert in_use[node] <= limit, f"{node} over-committed: {in_use[node]} cores"
 
 
+# Among the heaviest live tests: in `make test-slow` (CI runs it after `make test`).
+@pytest.mark.slow
 def test_node_loss_requeues_and_the_job_runs_again(cluster, user_token):
     from portal.core.models import JobEvent, Node
 

@@ -59,6 +59,8 @@ def logged_in(stack, username: str, password: str) -> requests.Session:
     return session
 
 
+# Among the heaviest live tests: in `make test-slow` (CI runs it after `make test`).
+@pytest.mark.slow
 def test_a_staff_replay_runs_on_a_celery_worker(stack, history):
     from portal.replay.models import ReplayRun
 

@@ -32,6 +32,8 @@ def _completed_nodes() -> set[str]:
     )
 
 
+# Among the heaviest live tests: in `make test-slow` (CI runs it after `make test`).
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_the_demo_runs_jobs_on_every_node_and_keeps_getting_arrivals(settings, tmp_path):
     call_command("load_demo", "--emulate-scale", str(SCALE), stdout=StringIO())

@@ -118,6 +118,8 @@ def _status(agent: NodeAgent, job: Job) -> str | None:
     return json.loads(out.stdout)[0]["State"]["Status"]
 
 
+# Among the heaviest live tests: in `make test-slow` (CI runs it after `make test`).
+@pytest.mark.slow
 def test_pause_freezes_the_container_and_cancel_removes_it(owner, node, agent, image, account):  # noqa: F811
     job = _job(owner, node, "i=0; while true; do i=$((i+1)); echo tick $i; sleep 0.2; done", image)
     log = agent.log_path(job.pk)

@@ -83,6 +83,8 @@ def _wait(job_id: int, states: set[str], timeout: float = 60):
     )
 
 
+# Among the heaviest live tests: in `make test-slow` (CI runs it after `make test`).
+@pytest.mark.slow
 def test_another_users_job_can_neither_read_nor_kill_a_running_job(live, accounts):
     portal, tokens, data = live
     secret = "ALICE-LIVE-2b8e"
