@@ -10,7 +10,23 @@ from django.views import defaults
 
 from portal.core import agent_views, elastic_views, prometheus, training_views
 
+
+def healthz(request: HttpRequest) -> HttpResponse:
+    """Liveness for container healthchecks and load balancers: 200 once the database answers,
+    503 while it does not. No login, nothing about the cluster."""
+    from django.db import connection
+
+    try:
+        connection.ensure_connection()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception:
+        return JsonResponse({"status": "database unavailable"}, status=503)
+    return JsonResponse({"status": "ok"})
+
+
 urlpatterns = [
+    path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("agent/v1/sync", agent_views.sync, name="agent-sync"),
     path("agent/v1/results", agent_views.results, name="agent-results"),

@@ -66,8 +66,8 @@ def test_the_node_agent_holds_no_database_credentials_only_its_node_token():
     env = service["environment"]
     assert not {"DATABASE_URL", "SECRET_KEY", "REDIS_URL"} & set(env)
     assert env["COSCHED_PORTAL_URL"].endswith("web:8000}")
-    assert env["COSCHED_NODE_TOKEN_FILE"] == "/run/secrets/node_token"
-    assert "node_token" in service["secrets"] and "node_token" in COMPOSE["secrets"]
+    assert env["COSCHED_NODE_TOKEN_FILE"] == "/secrets/node.token"
+    assert "node-secrets:/secrets:ro" in service["volumes"]  # written by node-token only
     # Its state outlives the container, so a restarted agent adopts its running attempts.
     state = env["COSCHED_DATA_DIR"]
     assert any(v.endswith(f":{state}") for v in service["volumes"])
@@ -76,7 +76,7 @@ def test_the_node_agent_holds_no_database_credentials_only_its_node_token():
 def test_the_web_server_lets_agents_of_the_network_sync_over_http():
     env = SERVICES["web"]["environment"]
     assert "web" in env["ALLOWED_HOSTS"].split(",")
-    assert env["SECURE_REDIRECT_EXEMPT"] == "^agent/v1/"
+    assert env["SECURE_REDIRECT_EXEMPT"].split(",") == ["^agent/v1/", "^healthz$"]
 
 
 def test_the_image_holds_every_top_level_package_the_services_import():
@@ -127,9 +127,90 @@ def test_jobs_cannot_reach_redis_or_postgres():
     networks = {name: set(service.get("networks", ())) for name, service in SERVICES.items()}
     assert networks["redis"] == networks["postgres"] == {"control"}
     assert networks["node-agent"] == {"nodes"}
-    assert networks["web"] == {"control", "nodes"}
-    for name in ("migrate", "worker", "beat"):
+    assert networks["web"] == {"control", "nodes", "front"}
+    assert networks["caddy"] == {"front"}
+    for name in ("migrate", "worker", "beat", "node-token", "backup"):
         assert networks[name] == {"control"}, name
     reachable = {s for s, nets in networks.items() if nets & networks["node-agent"]}
     assert reachable == {"web", "node-agent"}
     assert "useradd --system" in (ROOT / "Dockerfile").read_text()
+
+
+# -- the service graph, as `docker compose up -d` would walk it (issue 27) --------------------
+
+ONE_SHOT = {"migrate", "node-token"}
+
+
+def _after(name: str) -> dict[str, str]:
+    return {dep: cond["condition"] for dep, cond in SERVICES[name].get("depends_on", {}).items()}
+
+
+def _start_order() -> list[str]:
+    """The order `docker compose up` starts the services in: each after what it depends on."""
+    order: list[str] = []
+    while len(order) < len(SERVICES):
+        ready = [
+            s for s in SERVICES if s not in order and all(d in order for d in _after(s))
+        ]
+        assert ready, f"a dependency cycle among {set(SERVICES) - set(order)}"
+        order.extend(sorted(ready))
+    return order
+
+
+def test_one_up_starts_everything_in_an_order_that_works():
+    order = _start_order()
+    assert order.index("migrate") > max(order.index("postgres"), order.index("redis"))
+    for name in ("web", "worker", "beat", "node-token"):
+        assert _after(name)["migrate"] == "service_completed_successfully", name
+        assert order.index(name) > order.index("migrate")
+    # The agent starts once its token exists and the portal answers.
+    assert _after("node-agent") == {
+        "node-token": "service_completed_successfully",
+        "web": "service_healthy",
+    }
+    assert _after("caddy") == {"web": "service_healthy"}
+    assert _after("backup") == {"postgres": "service_healthy"}
+    for name in ONE_SHOT:
+        assert SERVICES[name]["restart"] == "no", name
+
+
+def test_every_long_running_service_has_a_healthcheck_and_only_caddy_publishes():
+    for name, service in SERVICES.items():
+        if name not in ONE_SHOT:
+            assert "healthcheck" in service, name
+        if name != "caddy":
+            assert "ports" not in service, f"{name} publishes a port: only caddy may"
+    assert sorted(SERVICES["caddy"]["ports"]) == ["443:443", "80:80"]
+    # The web healthcheck asks the view that exists for it, exempt from the HTTPS redirect.
+    assert "/healthz" in " ".join(SERVICES["web"]["healthcheck"]["test"])
+
+
+def test_the_token_is_made_after_the_migrations_not_instead_of_them():
+    command = " ".join(SERVICES["node-token"]["command"])
+    assert "node_token create" in command and "--file /secrets/node.token" in command
+    assert command.startswith("sh -c test -s /secrets/node.token ||")  # once per host
+    deploy = (ROOT / "docs" / "deploy.md").read_text()
+    assert "docker compose run --rm migrate python manage.py node_token" not in deploy
+    assert "docker compose up -d" in deploy
+
+
+def test_the_caddyfile_fronts_the_portal_with_tls_self_signed_by_default():
+    caddyfile = (ROOT / "deploy" / "Caddyfile").read_text()
+    assert "{$COSCHED_SITE:localhost}" in caddyfile
+    assert "tls {$COSCHED_TLS:internal}" in caddyfile
+    assert "reverse_proxy web:8000" in caddyfile
+    assert "./deploy/Caddyfile:/etc/caddy/Caddyfile:ro" in SERVICES["caddy"]["volumes"]
+
+
+def test_the_image_is_built_from_the_lock_with_the_docs_site():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY pyproject.toml requirements.lock README.md mkdocs.yml ./" in dockerfile
+    assert "COPY docs ./docs" in dockerfile
+    assert "pip install --no-cache-dir -c requirements.lock ." in dockerfile
+    assert "mkdocs build --strict -d var/docs-site" in dockerfile
+
+
+@pytest.mark.django_db
+def test_healthz_answers_without_login(client):
+    response = client.get("/healthz")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
