@@ -249,9 +249,12 @@ def wait_http(url: str, timeout_s: float, process: subprocess.Popen[bytes] | Non
 
 
 @contextlib.contextmanager
-def gunicorn(env: Mapping[str, str], port: int, *, workers: int = 2) -> Iterator[Running]:
-    """Serve ``portal.wsgi`` with gunicorn (sync workers) on 127.0.0.1:``port``; yields once it
-    answers HTTP, stops it (and its workers) on exit."""
+def gunicorn(
+    env: Mapping[str, str], port: int, *, workers: int = 2, threads: int = 1
+) -> Iterator[Running]:
+    """Serve ``portal.wsgi`` with gunicorn on 127.0.0.1:``port`` (sync workers, or gthread
+    workers of ``threads`` threads each); yields once it answers HTTP, stops it (and its
+    workers) on exit."""
     url = f"http://127.0.0.1:{port}"
     args = [
         sys.executable,
@@ -262,6 +265,7 @@ def gunicorn(env: Mapping[str, str], port: int, *, workers: int = 2) -> Iterator
         f"127.0.0.1:{port}",
         "--workers",
         str(workers),
+        *(["--threads", str(threads)] if threads > 1 else []),
         "--log-level",
         "warning",
     ]

@@ -9,6 +9,14 @@ keep-alive HTTP (``requests``); latency is the client's wall time per request, r
 
 Full run: 500 submissions, then 100 list requests with ~500 jobs in the table; ``--quick``: 50
 and 20. A few warm-up requests (not counted) let each gunicorn worker load Django first.
+
+Then the load of a CI farm (issue 27): ``CLIENTS`` (40) clients at once, each its own
+keep-alive session, submit ``CONCURRENT_POSTS`` (800; quick 160) jobs between them, against two
+server set-ups: the compose file's (3 sync workers) and 2 gthread workers of 8 threads. The
+per-user and per-token rate limits are lifted for this phase (one token would otherwise be
+held to its 20 requests/s: the figure is the server's capacity, not the limit's). Last, bulk
+submission: ``POST /api/v1/jobs/bulk/`` with 100 jobs, 5 times (jobs/s). The clients run on
+the same 2 cores as the server, PostgreSQL and Redis.
 """
 
 from __future__ import annotations
@@ -33,6 +41,9 @@ from benchmarks._servers import (
 DATABASE_NAME = "cosched_bench_api"
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/14")
 WARM_UP = 6  # enough for both gunicorn workers to have served a request each
+CLIENTS = 40
+SETUPS = {"3 sync workers (compose)": (3, 1), "2 gthread workers x 8 threads": (2, 8)}
+UNTHROTTLED = {"COSCHED_THROTTLE_USER": "1000000/min", "COSCHED_THROTTLE_TOKEN": "1000000/min"}
 
 
 def _flush_redis(url: str) -> None:
@@ -129,7 +140,9 @@ def run(quick: bool = False) -> dict:
     }
     _print_table(rows, jobs_in_table)
     print(f"scheduling triggers waiting on the broker afterwards: {queued}")
+    farm = run_farm(quick)
     return {
+        "farm": farm,
         "post_jobs": post,
         "get_jobs_page_1": get,
         "jobs_in_table": jobs_in_table,
@@ -142,8 +155,95 @@ def run(quick: bool = False) -> dict:
             "POST /api/v1/jobs/ requests/s (1 client)": post["requests_per_s"],
             f"GET /api/v1/jobs/?page=1 p50 ms ({jobs_in_table} jobs)": get["p50_ms"],
             "GET /api/v1/jobs/?page=1 p95 ms": get["p95_ms"],
+            **{f"{label} req/s": row["requests_per_s"] for label, row in farm.items()},
+            **{f"{label} p99 ms": row["p99_ms"] for label, row in farm.items()},
         },
     }
+
+
+def _concurrent_posts(url: str, key: str, total: int, clients: int) -> dict[str, float]:
+    """``total`` submissions from ``clients`` threads at once (each its own session)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+
+    local = threading.local()
+    numbers = iter(range(10**9))
+    lock = threading.Lock()
+
+    def one(_: int) -> float:
+        session = getattr(local, "session", None)
+        if session is None:
+            session = local.session = requests.Session()
+            session.headers["Authorization"] = f"Token {key}"
+        with lock:
+            i = next(numbers)
+        body = {"name": f"farm-{i}", "command": "sleep 1", "gpus": 0, "cpus": 1}
+        before = time.perf_counter()
+        response = session.post(f"{url}/api/v1/jobs/", json=body, timeout=60)
+        took = (time.perf_counter() - before) * 1000
+        if response.status_code != 201:
+            raise RuntimeError(f"POST -> {response.status_code}: {response.text[:300]}")
+        return took
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, range(clients)))  # warm: every session connected, workers loaded
+        started = time.perf_counter()
+        latencies = list(pool.map(one, range(total)))
+        wall = time.perf_counter() - started
+    return _figures(latencies, wall)
+
+
+def _bulk_posts(url: str, key: str, batches: int, size: int) -> dict[str, float]:
+    import requests
+
+    latencies = []
+    started = time.perf_counter()
+    with requests.Session() as session:
+        session.headers["Authorization"] = f"Token {key}"
+        for b in range(batches):
+            jobs = [{"name": f"bulk-{b}-{i}", "command": "sleep 1", "gpus": 0} for i in range(size)]
+            before = time.perf_counter()
+            response = session.post(f"{url}/api/v1/jobs/bulk/", json={"jobs": jobs}, timeout=120)
+            latencies.append((time.perf_counter() - before) * 1000)
+            if response.status_code != 201:
+                raise RuntimeError(f"bulk -> {response.status_code}: {response.text[:300]}")
+    wall = time.perf_counter() - started
+    row = _figures(latencies, wall)
+    row["jobs_per_s"] = batches * size / wall
+    return row
+
+
+def run_farm(quick: bool = False) -> dict[str, dict[str, float]]:
+    """The concurrent phase (see the module docstring); one row per server set-up, and bulk."""
+    total = 160 if quick else 800
+    rows: dict[str, dict[str, float]] = {}
+    _flush_redis(REDIS_URL)
+    try:
+        with scratch_database(DATABASE_NAME) as database_url:
+            env = portal_env(database_url, REDIS_URL, **UNTHROTTLED)
+            manage(["migrate", "--noinput"], env)
+            key = create_token_user(env, "api farm benchmark")
+            for label, (workers, threads) in SETUPS.items():
+                with gunicorn(env, free_port(), workers=workers, threads=threads) as server:
+                    rows[f"POST, {CLIENTS} clients, {label}"] = _concurrent_posts(
+                        server.url, key, total, CLIENTS
+                    )
+            with gunicorn(env, free_port(), workers=3) as server:
+                rows["POST /bulk/ (100 jobs), 1 client, 3 sync workers"] = _bulk_posts(
+                    server.url, key, 2 if quick else 5, 100
+                )
+    finally:
+        _flush_redis(REDIS_URL)
+    print(f"{'load':<52} {'n':>5} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>7} {'jobs/s':>7}")
+    for label, row in rows.items():
+        jobs = row.get("jobs_per_s", row["requests_per_s"])
+        print(
+            f"{label:<52} {row['requests']:>5} {row['p50_ms']:>8.1f} {row['p99_ms']:>8.1f} "
+            f"{row['requests_per_s']:>7.1f} {jobs:>7.1f}"
+        )
+    return rows
 
 
 def _queued_triggers(url: str) -> int:

@@ -149,9 +149,7 @@ def _start_order() -> list[str]:
     """The order `docker compose up` starts the services in: each after what it depends on."""
     order: list[str] = []
     while len(order) < len(SERVICES):
-        ready = [
-            s for s in SERVICES if s not in order and all(d in order for d in _after(s))
-        ]
+        ready = [s for s in SERVICES if s not in order and all(d in order for d in _after(s))]
         assert ready, f"a dependency cycle among {set(SERVICES) - set(order)}"
         order.extend(sorted(ready))
     return order
