@@ -131,6 +131,14 @@ def device_row(device: DeviceInfo) -> dict[str, Any]:
     try:
         spec = gpu_spec(device.model or device.name)
     except (UnknownGpuModel, KeyError):
+        # Registered all the same, for exclusive use only: no sharing modes or MIG profiles are
+        # known for it. Say so, since the scheduler then never packs jobs there.
+        log.warning(
+            "GPU %s (%s) is not in the GPU catalogue (scheduler/catalog.py): it is offered for "
+            "exclusive use only; add the model to share it",
+            device.index,
+            device.model or device.name,
+        )
         return row
     row.update(
         architecture=spec.architecture,

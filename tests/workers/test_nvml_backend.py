@@ -227,3 +227,16 @@ def test_close_shuts_nvml_down_once_and_blocks_further_reads():
 )
 def test_catalogue_model_from_nvml_names(name, model):
     assert catalogue_model(name) == model
+
+
+def test_a_gpu_missing_from_the_catalogue_registers_for_exclusive_use_and_says_so(caplog):
+    """The first real-GPU gpu-check found an H200 registered without sharing modes, silently."""
+    from workers.agent import device_row
+    from workers.gpu.base import DeviceInfo
+
+    known = device_row(DeviceInfo(0, "GPU-a", "NVIDIA H200", "H200", 143771.0, 132))
+    assert "mps" in known["sharing_modes"] and "time_slicing" in known["sharing_modes"]
+    with caplog.at_level("WARNING", logger="workers.agent"):
+        row = device_row(DeviceInfo(1, "GPU-b", "NVIDIA Future X1", None, 200000.0, 200))
+    assert "sharing_modes" not in row and row["model"] == "NVIDIA Future X1"
+    assert "not in the GPU catalogue" in caplog.text and "exclusive use only" in caplog.text
