@@ -143,8 +143,29 @@ class Stack:
             return exc.code, json.loads(exc.read() or b"null")
 
 
+@pytest.fixture(scope="session")
+def stack_database(django_db_setup, django_db_blocker) -> Iterator[None]:
+    """The test database for the stack's processes. pytest-django sets it up only when some
+    collected test is marked ``django_db``; the module-scoped stacks' tests are not (see
+    tests/e2e/test_slowdown_live.py), so run on their own they would reach the development
+    database. Then it is set up (and dropped) here."""
+    from django.db import connection
+    from django.test.utils import setup_databases, teardown_databases
+
+    if connection.settings_dict["NAME"] == connection.creation._get_test_db_name():
+        yield
+        return
+    with django_db_blocker.unblock():
+        config = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+    try:
+        yield
+    finally:
+        with django_db_blocker.unblock():
+            teardown_databases(config, verbosity=0)
+
+
 @pytest.fixture(scope="module")
-def stack(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Stack]:
+def stack(stack_database, django_db_blocker, tmp_path_factory) -> Iterator[Stack]:
     from django.db import connection
 
     if connection.vendor != "postgresql":
