@@ -41,8 +41,11 @@ so a job can change side while it waits. GPU placement uses the framework's filt
 up to ``max_jobs_per_gpu`` on shared GPUs, memory by the jobs' declared needs) plus one more
 check: the GPU's memory in use now plus what the job takes at its start fit the GPU (the
 simulator and a real GPU refuse anything else). Among the GPUs that fit, the job's fastest
-profiled model wins, then cluster order. Jobs sent to CPU nodes need ``job.cpus`` free cores
-and a profiled CPU time.
+profiled model wins, then cluster order; but a one-GPU job joins residents only when no GPU
+it may use is idle (an idle GPU of a slower model beats sharing a faster one: the paper's
+container slots are for when the GPUs are full, and a packed GPU beside an idle one is what an
+operator reads as a scheduling fault). Jobs sent to CPU nodes need ``job.cpus`` free cores and
+a profiled CPU time.
 
 Parameters (besides the framework's, see ``scheduler.policies.framework``):
 
@@ -438,6 +441,16 @@ class PlacementRatePolicy(UsedMemoryGuard):
         if side == "gpu":
             return super().candidates(job, view)
         return []
+
+    def pick(
+        self, job: JobSpec, cands: list[Candidate], view: WorkingView, rng: random.Random
+    ) -> Candidate | None:
+        """Idle GPUs first (see the module docstring), then the fastest model."""
+        if job.gpus == 1:
+            alone = [c for c in cands if c.gpus and not c.residents]
+            if alone and len(alone) < len(cands):
+                cands = alone
+        return super().pick(job, cands, view, rng)
 
     def score_speed(self, job: JobSpec, cand: Candidate, view: WorkingView) -> float:
         """Minus the job's solo time there: the fastest profiled GPU model first (ties and

@@ -100,3 +100,45 @@ def test_staff_see_a_policy_that_fails_at_run_time_and_what_runs_instead(
     )[0]
     assert "runs the last configuration that worked, fifo" in note.text
     screenshot(browser, "admin-policy-failed")
+
+
+def test_the_demo_packs_no_gpu_while_one_it_could_use_idles(browser, live_server):
+    """Issue 25: the demo's jobs allow sharing (seed 004's container slots), yet a new job takes
+    an idle GPU before it joins residents, even an idle Titan Xp against a faster A30 (the
+    policy's speed rule alone would stack the A30s). The real scheduling cycle with the demo's
+    policy, ``placement_rate+exec_plan``; the cluster page shows one job per GPU."""
+    call_command("load_demo", "--no-jobs", stdout=StringIO())
+    demo = Job._meta.get_field("owner").related_model.objects.get(username="demo")
+    cnn = ApplicationProfile.objects.get(name="CNN-MNIST")
+    for i in range(4):
+        job_submit(
+            demo,
+            name=f"cnn-{i + 1}",
+            command="python -m workers.emulate --profile CNN-MNIST",
+            profile=cnn,
+            gpus=1,
+            cpus=1,
+            sharing="allowed",
+            device="auto",
+        )
+        run_cycle()  # one arrival at a time, as the demo's stream submits them
+    per_gpu = {
+        (g.node.name, g.index): Job.objects.filter(
+            placements__active=True, placements__gpus=g
+        ).count()
+        for g in Gpu.objects.select_related("node")
+    }
+    assert per_gpu == {
+        ("gpu-titanxp-1", 0): 1,
+        ("gpu-titanxp-1", 1): 1,
+        ("gpu-a30-1", 0): 1,
+        ("gpu-a30-1", 1): 1,
+    }, per_gpu
+    login(browser, live_server, "demo", "demo-pass-123")
+    browser.get(live_server.url + "/cluster/")
+    cells = wait_for(
+        browser, lambda b: b.find_elements(By.CSS_SELECTOR, "td.js-gpu-jobs"), "the GPU rows"
+    )
+    refs = [len(c.find_elements(By.CSS_SELECTOR, ".job-ref")) for c in cells]
+    screenshot(browser, "cluster-one-job-per-gpu")
+    assert refs == [1, 1, 1, 1], [c.text for c in cells]

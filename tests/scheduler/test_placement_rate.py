@@ -232,3 +232,44 @@ def test_seed004_rate_split_beats_all_on_gpu_and_runs_both_sides():
 def test_seed004_is_deterministic():
     a, b = _run("placement_rate"), _run("placement_rate")
     assert a.jobs == b.jobs
+
+
+def test_an_idle_gpu_beats_joining_residents_on_a_faster_model():
+    """A one-GPU job that allows sharing joins residents only when no GPU it may use is idle:
+    the idle Titan Xp, not the A30 beside a resident, although its profile is faster on A30."""
+    times = {"A30": 50.0, "TitanXp": 100.0}
+
+    def job(job_id: str) -> JobSpec:
+        profile = Profile(name="cnn", gpu_time_s=times, gpu_memory_max_mb=1000)
+        return JobSpec(id=job_id, name="cnn", profile=profile)
+
+    busy = GpuState(
+        node="a30",
+        index=0,
+        spec=gpu_spec("A30"),
+        mode=SharingMode.MPS,
+        job_ids=("r",),
+        committed_memory_mb=1000,
+    )
+    a30 = NodeState("a30", NodeKind.GPU, 8, 7, gpus=(busy,))
+    resident = RunningJob(job("r"), Placement("r", "a30", (0,), SharingMode.MPS), 0.0)
+    state = ClusterState(10.0, (a30, titan_node("titan")), (job("new"),), (resident,))
+    plan = build_policy("placement_rate", {"max_jobs_per_gpu": 5}).schedule(state, random.Random(0))
+    assert [(d.placement.node, d.placement.gpu_indices) for d in plan.decisions] == [
+        ("titan", (0,))
+    ]
+    # with the Titan Xp taken, the job does join the A30's resident
+    taken = GpuState(
+        node="titan",
+        index=0,
+        spec=gpu_spec("TitanXp"),
+        mode=SharingMode.EXCLUSIVE,
+        job_ids=("t",),
+        committed_memory_mb=1000,
+    )
+    other = RunningJob(job("t"), Placement("t", "titan", (0,), SharingMode.EXCLUSIVE), 0.0)
+    full = ClusterState(
+        10.0, (a30, titan_node("titan", gpu=taken)), (job("new"),), (resident, other)
+    )
+    plan = build_policy("placement_rate", {"max_jobs_per_gpu": 5}).schedule(full, random.Random(0))
+    assert [d.placement.node for d in plan.decisions] == ["a30"]
