@@ -9,8 +9,8 @@ slots hold nearly the whole set, so the rate split rightly keeps the jobs on the
 paper's testbed had fewer GPU slots; the CPU side of the demo is checked with its arrival stream
 in tests/portal/test_demo_cluster.py, the split itself in the simulator's seed004 tests).
 We check the ranking, and the memory plan: LAMMPS declares Table 2's 2,273 MB, and the plan
-pauses it before its 8.3 GB step (plus the plan's margin) overflows a shared Titan Xp, with the process really stopped
-(SIGSTOP) and continued, and the reason on the job's page.
+pauses it before its 8.3 GB step (plus the plan's margin) overflows a shared Titan Xp, with
+the process really stopped (SIGSTOP) and continued, and the reason on the job's page.
 """
 
 from __future__ import annotations
