@@ -187,9 +187,29 @@ def test_the_token_is_made_after_the_migrations_not_instead_of_them():
     command = " ".join(SERVICES["node-token"]["command"])
     assert "node_token create" in command and "--file /secrets/node.token" in command
     assert command.startswith("sh -c test -s /secrets/node.token ||")  # once per host
-    deploy = (ROOT / "docs" / "deploy.md").read_text()
-    assert "docker compose run --rm migrate python manage.py node_token" not in deploy
-    assert "docker compose up -d" in deploy
+    for doc in ("docs/deploy.md", "README.md"):
+        text = (ROOT / doc).read_text()
+        assert "docker compose run --rm migrate python manage.py node_token" not in text, doc
+        assert "docker compose up -d" in text, doc
+
+
+def test_every_documented_compose_command_names_a_service_that_runs_it():
+    """The README's and the deploy guide's steps are the ones the graph tests check: every
+    ``docker compose exec|run SERVICE`` they give names a service of the file, ``exec`` one that
+    keeps running (a one-shot has exited by then)."""
+    import re
+
+    seen = 0
+    for doc in ("README.md", "docs/deploy.md", "docs/upgrade.md", "docs/nodes.md"):
+        text = " ".join((ROOT / doc).read_text().split())
+        for verb, service in re.findall(
+            r"docker compose (exec|run)(?: --rm)? ([a-z][a-z0-9-]*)", text
+        ):
+            seen += 1
+            assert service in SERVICES, (doc, service)
+            if verb == "exec":
+                assert service not in ONE_SHOT, (doc, service)
+    assert seen >= 3
 
 
 def test_the_caddyfile_fronts_the_portal_with_tls_self_signed_by_default():
