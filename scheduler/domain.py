@@ -10,14 +10,13 @@ GFLOPS (``*_gflops``). Optional profile metrics are ``None`` when unknown.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from scheduler.elastic import ElasticState
-    from scheduler.knowledge import Knowledge
+from scheduler.elastic_state import ElasticState
+from scheduler.estimate import Estimate
 
 #: Speed of a multi-GPU job spread over several nodes relative to the same job on one node,
 #: for profiles without a measured unconsolidated time: 0.74, the median of the 165 ratios
@@ -466,6 +465,31 @@ class Accounts:
     shares: Mapping[str, float] = field(default_factory=dict)
 
 
+class KnowledgeView(Protocol):
+    """What a policy may ask the cluster's knowledge (``scheduler.knowledge.Knowledge``, which
+    the live loop and the simulator hand over as ``ClusterState.knowledge``): estimates only,
+    never ``observe``. Seconds; a co-run speed is relative to running alone (1.0: no
+    slowdown)."""
+
+    def solo_time(
+        self, job: JobSpec, gpu_model: str | None, *, spread: bool = False
+    ) -> Estimate | None: ...
+
+    def remaining_s(
+        self, job: JobSpec, gpu_model: str | None, progress: float, *, spread: bool = False
+    ) -> Estimate | None: ...
+
+    def duration(self, job_type: str, owner: str | None = None) -> Estimate | None: ...
+
+    def co_run_speed(
+        self,
+        job: JobSpec,
+        gpu_model: str,
+        co_runners: Sequence[JobSpec],
+        mode: SharingMode,
+    ) -> Estimate | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterState:
     """One frozen snapshot handed to a policy. ``pending`` is in queue (submission) order."""
@@ -477,7 +501,7 @@ class ClusterState:
     accounts: Accounts = field(default_factory=Accounts)
     # What the cluster has learned of jobs' speeds (``scheduler.knowledge.Knowledge``): the one
     # place a policy reads estimates from. None: profiles only (older callers, unit tests).
-    knowledge: Knowledge | None = None
+    knowledge: KnowledgeView | None = None
 
     def node(self, name: str) -> NodeState:
         for n in self.nodes:

@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from statistics import median
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from scheduler.domain import JobSpec
+from scheduler.domain import JobSpec
+from scheduler.elastic_state import ElasticState, Measured
 
 #: Statistics are gathered every this many mini-batches (the paper's interval).
 STATS_WINDOW_BATCHES = 10
@@ -162,36 +162,6 @@ class Window:
     @property
     def throughput(self) -> float:
         return self.batches / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class Measured:
-    """The mean throughput at one worker count over ``windows`` windows."""
-
-    workers: int
-    throughput: float
-    windows: int
-
-
-@dataclass(frozen=True, slots=True)
-class ElasticState:
-    """The engine's memory for one job (carried by the executor between windows)."""
-
-    workers: int
-    measured: tuple[Measured, ...] = ()
-    batches_at_count: int = 0  # since the last change, counting skipped windows
-    windows_skipped: int = 0
-    straggler_ewma: tuple[float, ...] = ()  # per rank
-    remaining_steps: float = 0.0
-    elapsed_s: float = 0.0
-    in_transition: bool = False  # a change or replacement is under way (warm-up)
-    history: tuple[str, ...] = field(default=())
-
-    def throughput_at(self, workers: int) -> float | None:
-        for m in self.measured:
-            if m.workers == workers:
-                return m.throughput
-        return None
 
 
 class DecisionKind(StrEnum):

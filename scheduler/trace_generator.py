@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.traces import ThroughputTable, load_solo_throughputs
+from scheduler.throughputs import ThroughputTable, load_solo_throughputs
 
 #: (scale factor, probability): Gavel's ``_generate_scale_factor``.
 SCALE_FACTORS: tuple[tuple[int, float], ...] = ((1, 0.70), (2, 0.10), (4, 0.15), (8, 0.05))

@@ -21,36 +21,40 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import functools
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints
 
 from scheduler.catalog import CATALOG, UnknownGpuModel, canonical_model
+from scheduler.csv_reading import csv_header, csv_rows
 from scheduler.domain import JobKind, JobSpec, MemoryStep, Profile, StallReasons
 from scheduler.inputs import (
-    MAX_CELL_CHARS,
     MAX_JOB_GPUS,
-    MAX_LINE_CHARS,
     MAX_MB,
     MAX_SECONDS,
     MAX_STEPS,
     FieldLoc,
     InputError,
     Loc,
-    check_text,
     line_of,
     load_yaml,
     require_mapping,
-    sniff_binary,
     to_float,
     to_int,
 )
 
+# The CSV reading and the throughput tables live in ``scheduler.csv_reading`` and
+# ``scheduler.throughputs`` (the trace generator reads them too); they stay importable here.
+from scheduler.throughputs import GAVEL_SOLO_CSV as GAVEL_SOLO_CSV
+from scheduler.throughputs import (
+    ThroughputTable,
+    load_solo_throughputs,
+    load_unconsolidated_throughputs,
+)
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
-GAVEL_SOLO_CSV = DATA_DIR / "gavel" / "solo_throughput.csv"
 GAVEL_TRACES_DIR = DATA_DIR / "gavel" / "traces"
 
 GAVEL_COLUMNS = ("job_id", "job_type", "arrival_time_s", "total_steps", "scale_factor")
@@ -68,142 +72,9 @@ PROFILE_TRACE_OPTIONAL = (
 )
 ALIBABA_COLUMNS = ("name", "cpu_milli", "num_gpu", "gpu_milli", "creation_time", "deletion_time")
 
-ThroughputTable = Mapping[tuple[str, int], Mapping[str, float]]
-
-
-# --------------------------------------------------------------------------------------------
-# CSV helpers
-
-
-def _csv_rows(path: str | Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) for each data row; checks the header has ``required`` columns.
-
-    Hardened against what a wrong file holds (issue 12): a binary file, bytes that are not
-    UTF-8, NUL characters and lone surrogates, a cell over ``MAX_CELL_CHARS`` or a line over
-    ``MAX_LINE_CHARS`` characters each give one ``InputError`` naming file, line and column,
-    never a traceback. Rows are read lazily: the error comes at the first bad row.
-    """
-    sniff_binary(path)
-    try:
-        # surrogateescape: a byte that is not UTF-8 becomes a lone surrogate, reported with
-        # its line and column by check_text rather than as a decoding traceback.
-        f = open(path, newline="", encoding="utf-8", errors="surrogateescape")  # noqa: SIM115
-    except OSError as exc:
-        raise InputError(f"cannot read file ({exc.strerror})", file=path) from exc
-    try:
-        header: list[str] = []
-        reader = csv.reader(_bounded_lines(f, path, header))
-        try:
-            first = next(reader, [])
-            header.extend(h.strip() for h in first)
-            for i, name in enumerate(header):
-                check_text(name, file=path, line=1, field=f"column {i + 1}", limit=256)
-            missing = [c for c in required if c not in header]
-            if missing:
-                raise InputError(
-                    f"missing column(s) {', '.join(missing)}; header is "
-                    f"{', '.join(header) or 'empty'}",
-                    file=path,
-                    line=1,
-                    field=missing[0],
-                )
-            for cells in reader:
-                line = reader.line_num
-                if not any(c.strip() for c in cells):
-                    continue  # blank line
-                row: dict[str, str] = {}
-                for name, cell in zip(header, cells, strict=False):
-                    if name:
-                        row[name] = check_text(cell.strip(), file=path, line=line, field=name)
-                yield line, row
-        except csv.Error as exc:
-            raise InputError(
-                f"not a readable CSV row ({exc})", file=path, line=reader.line_num
-            ) from None
-    finally:
-        f.close()
-
-
-def _bounded_lines(f: Iterable[str], path: str | Path, header: list[str]) -> Iterator[str]:
-    """The lines of ``f``; InputError for a line over ``MAX_LINE_CHARS`` characters, naming
-    the column whose cell overflows (``header``: the parsed header, once known)."""
-    for number, line in enumerate(f, start=1):
-        if len(line) > MAX_LINE_CHARS:
-            field = None
-            if header:
-                cells = next(csv.reader([line[:MAX_LINE_CHARS]]), [])
-                if cells:
-                    index = len(cells) - 1
-                    field = header[index] if index < len(header) else f"column {index + 1}"
-            raise InputError(
-                f"a line of {len(line):,} characters; at most {MAX_LINE_CHARS:,} "
-                f"(cells at most {MAX_CELL_CHARS:,})",
-                file=path,
-                line=number,
-                field=field,
-            )
-        yield line
-
-
-def csv_header(path: str | Path) -> list[str]:
-    """The column names of a CSV file (stripped), or InputError if unreadable or binary."""
-    sniff_binary(path)
-    try:
-        with open(path, newline="", encoding="utf-8", errors="surrogateescape") as f:
-            first = next(_bounded_lines(f, path, []), "")
-            return [h.strip() for h in next(csv.reader([first]), [])]
-    except OSError as exc:
-        raise InputError(f"cannot read file ({exc.strerror})", file=path) from exc
-    except csv.Error as exc:
-        raise InputError(f"not a readable CSV header ({exc})", file=path, line=1) from None
-
 
 # --------------------------------------------------------------------------------------------
 # Gavel
-
-
-_UNCONSOLIDATED = "_unconsolidated"
-
-_Table = dict[tuple[str, int], dict[str, float]]
-
-
-@functools.lru_cache(maxsize=4)
-def _load_throughput_tables(path: str) -> tuple[_Table, _Table]:
-    """(consolidated, unconsolidated) throughput tables of a Gavel solo-throughput CSV."""
-    tables: tuple[_Table, _Table] = ({}, {})
-    for line, row in _csv_rows(path, ("job_type", "scale_factor", "gpu_type", "throughput")):
-        gpu_type = row["gpu_type"]
-        spread = gpu_type.endswith(_UNCONSOLIDATED)
-        if not spread and row.get("consolidated", "1") not in ("1", "True", "true"):
-            continue
-        if spread:
-            gpu_type = gpu_type[: -len(_UNCONSOLIDATED)]
-        try:
-            model = canonical_model(gpu_type)
-        except UnknownGpuModel:
-            raise InputError(
-                f"unknown GPU type {row['gpu_type']!r}", file=path, line=line, field="gpu_type"
-            ) from None
-        scale = to_int(row["scale_factor"], file=path, line=line, field="scale_factor", minimum=1)
-        tput = to_float(row["throughput"], file=path, line=line, field="throughput", minimum=0)
-        entry = tables[spread].setdefault((row["job_type"], scale), {})
-        if tput:
-            entry[model] = tput
-    return tables
-
-
-def load_solo_throughputs(path: str | Path = GAVEL_SOLO_CSV) -> ThroughputTable:
-    """(job_type, scale_factor) -> {catalogue model: steps per second}, consolidated rows only.
-
-    Models measured at throughput 0 (infeasible) are absent from the inner mapping.
-    """
-    return _load_throughput_tables(str(path))[0]
-
-
-def load_unconsolidated_throughputs(path: str | Path = GAVEL_SOLO_CSV) -> ThroughputTable:
-    """Like ``load_solo_throughputs`` for the ``<model>_unconsolidated`` rows: the job's
-    throughput with its ``scale_factor`` GPUs spread over several servers."""
-    return _load_throughput_tables(str(path))[1]
 
 
 def read_gavel_trace(
@@ -222,7 +93,7 @@ def read_gavel_trace(
     profiles: dict[tuple[str, int, float], Profile] = {}
     jobs: list[JobSpec] = []
     seen: set[str] = set()
-    for line, row in _csv_rows(path, GAVEL_COLUMNS):
+    for line, row in csv_rows(path, GAVEL_COLUMNS):
         loc: Loc = {"file": path, "line": line}
         job_id = row["job_id"]
         if not job_id:
@@ -443,7 +314,7 @@ def read_profile_trace(
         profiles = load_profiles(profiles)
     jobs: list[JobSpec] = []
     seen: set[str] = set()
-    for line, row in _csv_rows(path, PROFILE_TRACE_COLUMNS):
+    for line, row in csv_rows(path, PROFILE_TRACE_COLUMNS):
         loc: Loc = {"file": path, "line": line}
         job_id = row["job_id"]
         if not job_id:
@@ -564,7 +435,7 @@ def read_alibaba_pods(path: str | Path, *, limit: int | None = None) -> list[Job
     CPUs = ceil(cpu_milli / 1000). Pods with a non-positive duration are skipped.
     """
     jobs: list[JobSpec] = []
-    for line, row in _csv_rows(path, ALIBABA_COLUMNS):
+    for line, row in csv_rows(path, ALIBABA_COLUMNS):
         loc: Loc = {"file": path, "line": line}
         created = to_float(
             row["creation_time"], field="creation_time", minimum=0, maximum=MAX_SECONDS, **loc

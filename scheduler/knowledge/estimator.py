@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from scheduler.domain import JobSpec, SharingMode
+from scheduler.estimate import Estimate
 from scheduler.knowledge.observations import Observation, ObservationKind
 
 #: A prior for the normalised co-run speed of ``job`` on ``gpu_model`` beside ``co_runners``
@@ -32,30 +32,6 @@ from scheduler.knowledge.observations import Observation, ObservationKind
 PairPrior = Callable[[JobSpec, Sequence[JobSpec], str, SharingMode], float | None]
 
 _MIN_SIGMA = 0.02
-
-
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    """A belief about a positive quantity: ``value`` and the spread of its logarithm."""
-
-    value: float
-    sigma: float
-    n: int = 0
-    source: str = ""
-
-    @property
-    def low(self) -> float:
-        """One sigma below (value * exp(-sigma))."""
-        return self.value * math.exp(-self.sigma)
-
-    @property
-    def high(self) -> float:
-        return self.value * math.exp(self.sigma)
-
-    @property
-    def confidence(self) -> float:
-        """1 / (1 + sigma^2): 1 for a certain value, towards 0 as the spread grows."""
-        return 1.0 / (1.0 + self.sigma * self.sigma)
 
 
 def _combine(parts: Sequence[tuple[float, float, int, str]]) -> Estimate | None:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Sequence
 
 from scheduler.domain import GpuSpec, JobSpec, SharingMode
-from scheduler.interference import InterferenceError, apply_mode, combine_pairwise
+from scheduler.interference_rules import InterferenceError, apply_mode, combine_pairwise
 from scheduler.learning.features import gpu_vector
 from scheduler.learning.predictor import (
     InterferencePredictor,

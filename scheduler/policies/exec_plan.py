@@ -78,6 +78,7 @@ from scheduler.policies.placement_rate import (
     job_times,
     placement_rates,
 )
+from scheduler.policies.registry import build_policy
 
 _TOL_MB = 1e-3
 
@@ -137,8 +138,6 @@ class ExecPlanPolicy(Policy):
     defaults: ClassVar[Mapping[str, Any]] = exec_plan_defaults
 
     def __init__(self, **params: Any) -> None:
-        from scheduler.policies.registry import build_policy
-
         # Parameters that are not the plan's own go to the wrapped policy (which checks them),
         # so ``build_policy("placement_rate+exec_plan", {"max_jobs_per_gpu": 5})`` works.
         own = {k: v for k, v in params.items() if k in self.defaults}

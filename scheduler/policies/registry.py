@@ -51,6 +51,9 @@ POLICIES: dict[str, str] = {
 #: ``<name>+exec_plan`` works for any registered placement policy ``name`` (the execution plan
 #: of seed 004 wrapped around it); the common ones are listed above.
 EXEC_PLAN_SUFFIX = "+exec_plan"
+#: What builds the class of ``<name>+exec_plan`` for a placement policy not listed above: a
+#: path like the entries of ``POLICIES`` (the registry imports no policy module itself).
+EXEC_PLAN_OVER = "scheduler.policies.exec_plan:exec_plan_over"
 
 
 def available_policies() -> list[str]:
@@ -64,9 +67,9 @@ def policy_class(name: str) -> type[Policy]:
     if path is None and name.endswith(EXEC_PLAN_SUFFIX):
         base = name[: -len(EXEC_PLAN_SUFFIX)]
         if base in POLICIES and not base.endswith("exec_plan"):
-            from scheduler.policies.exec_plan import exec_plan_over
-
-            return exec_plan_over(base)
+            module_name, _, attr = EXEC_PLAN_OVER.partition(":")
+            over = getattr(importlib.import_module(module_name), attr)
+            return over(base)  # a Policy subclass, like every entry
     if path is None:
         raise PolicyError(f"unknown policy {name!r}; known: {', '.join(available_policies())}")
     module_name, _, attr = path.partition(":")

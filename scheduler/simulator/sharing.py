@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from scheduler.catalog import MigLayoutError, check_mig_layout
 from scheduler.classes import CM_THRESHOLD, cm_class, kernel_class
 from scheduler.domain import GpuSpec, JobSpec, Placement, SharingMode
-from scheduler.interference import combine_pairwise
+from scheduler.interference_rules import combine_pairwise
 from scheduler.kernels import corun_speeds, is_kernel
 
 #: Paper 001 measures sensitivity from the smallest A30 instance (1/4 of the SMs) up.

@@ -20,8 +20,8 @@ from scheduler.domain import (
     RunningJob,
     SharingMode,
 )
-from scheduler.policies.framework import WorkingView
 from scheduler.policies.registry import available_policies, build_policy
+from scheduler.policies.working_view import WorkingView
 from scheduler.traces import GAVEL_SOLO_CSV
 from tests.scheduler.snapshots import GB, check_plan, gpu_node
 

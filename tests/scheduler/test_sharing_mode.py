@@ -190,7 +190,7 @@ def test_sharing_random_same_seed_same_plan_and_binding():
 
 
 def _view(policy, nodes, jobs):
-    from scheduler.policies.framework import WorkingView
+    from scheduler.policies.working_view import WorkingView
 
     return WorkingView(ClusterState(0.0, nodes, tuple(jobs)), colocate=True)
 
