@@ -135,8 +135,25 @@ def rows(alice, staff, tmp_path):
     }
 
 
+@pytest.fixture
+def docs_site(settings, tmp_path):
+    """A built docs site (``make docs`` writes the real one; a bare pytest run has none)."""
+    site = tmp_path / "site"
+    (site / "jobs").mkdir(parents=True)
+    (site / "index.html").write_text("<h1>Cosched</h1>")
+    (site / "jobs" / "index.html").write_text("<h1>Jobs</h1>")
+    settings.DOCS_SITE_DIR = str(site)
+    return site
+
+
+def test_the_docs_pages_say_how_to_build_a_missing_site(client, settings, tmp_path):
+    settings.DOCS_SITE_DIR = str(tmp_path / "none")
+    response = client.get("/docs/")
+    assert response.status_code == 503 and "make docs" in response.content.decode()
+
+
 @pytest.mark.parametrize("who", ["alice", "staff"])
-def test_every_page_renders_for_its_users(client, alice, staff, rows, who):
+def test_every_page_renders_for_its_users(client, alice, staff, rows, docs_site, who):
     user = alice if who == "alice" else staff
     client.force_login(user)
     before = (Job.objects.filter(state="PENDING").count(), Node.objects.get().status)
