@@ -1,6 +1,9 @@
 """``cosched``: submit and follow Cosched jobs from a terminal or a CI pipeline.
 
-A plain HTTP client of the REST API (``requests``); it imports nothing from Django.
+A plain HTTP client of the REST API (``requests``); it imports nothing from Django. The
+package: ``client`` (HTTP, ``CliError``, exit codes), ``jobfiles`` (reading job files),
+``output`` (printing), ``jobs`` and ``cluster`` (the commands), ``parser`` (the command line and
+shell completion); ``main`` is here.
 
     export COSCHED_URL=https://cosched.example.org   # default http://127.0.0.1:8000
     export COSCHED_TOKEN=cos_...                      # account page -> API tokens

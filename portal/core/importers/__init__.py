@@ -16,6 +16,10 @@ Four formats, documented in ``docs/profiles.md``:
 Every row is validated; all errors are collected (row, field, message) and raised together as
 ``ProfileImportError`` so a caller can reject the whole file. Row numbers are file line numbers
 for CSV (the header is line 1) and 1-based positions for JSON.
+
+The package: ``records`` (the fields, the checks on each value, the records and errors every
+format shares), ``schema_files`` (``csv``, ``json``), ``profilers`` (``nvprof``, ``ncu``);
+``parse_profiles`` and ``detect_format`` are here.
 """
 
 from __future__ import annotations
