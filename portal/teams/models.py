@@ -10,9 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import IntegrityError, models, transaction
 from django.db.models import Q
+
+from portal.core.models import Gpu
+from scheduler.catalog import UnknownGpuModel, canonical_model
 
 PROJECT_NAME = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$",
@@ -137,11 +141,6 @@ class ProjectQuota(models.Model):
     def clean(self) -> None:
         """The GPU model is a catalogue name or the model of a registered GPU (stored in the
         catalogue's spelling, so the scheduler matches it)."""
-        from django.core.exceptions import ValidationError
-
-        from portal.core.models import Gpu
-        from scheduler.catalog import UnknownGpuModel, canonical_model
-
         try:
             self.gpu_model = canonical_model(self.gpu_model)
         except UnknownGpuModel:
