@@ -402,9 +402,10 @@ class Job(models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if self.project_id is None and self.owner_id is not None:
-            from portal.teams.services import default_project
-
-            self.project = default_project(self.owner)
+            # teams.Project through the foreign key itself: the teams app builds on these
+            # models (it reads Gpu), so this module imports nothing of it.
+            project_model = self._meta.get_field("project").related_model
+            self.project = project_model.objects.default_for(self.owner)
         super().save(*args, **kwargs)
 
     @property

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from portal.core.snapshot import build_snapshot
 from scheduler.domain import ClusterState
 from scheduler.interference import INTERFERENCE_MODELS
 from scheduler.policies.base import PolicyError
@@ -608,8 +609,6 @@ def _trial_state() -> ClusterState:
     """The current cluster and queue as the loop would hand them to the policy (an empty
     cluster when they cannot be read)."""
     try:
-        from portal.core.scheduling import build_snapshot
-
         return build_snapshot().state
     except Exception:  # a trial only: the settings are still checked on an empty cluster
         return ClusterState(now_s=0.0, nodes=(), pending=())

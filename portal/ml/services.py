@@ -28,10 +28,14 @@ from django.db import close_old_connections, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from portal.celery import app
 from portal.core.models import MetricSample, Placement
 from portal.ml.models import CoRunSample, TrainedModel, TrainingRun
 
 log = logging.getLogger(__name__)
+
+# The Celery task that trains a model (portal.ml.tasks), enqueued by this name.
+TRAIN_RUN_TASK = "cosched.ml_train_run"
 
 DEFAULTS: dict[str, Any] = {
     "ML_RETRAIN_MIN_NEW_SAMPLES": 20,  # live samples since the newest model before a retrain
@@ -219,9 +223,7 @@ def training_run_start(run: TrainingRun) -> None:
                 target=_execute_in_thread, args=(run.pk,), name=f"train-{run.pk}", daemon=True
             ).start()
         else:
-            from portal.ml.tasks import train_run
-
-            train_run.delay(run.pk)
+            app.tasks[TRAIN_RUN_TASK].delay(run.pk)  # portal.ml.tasks.train_run
 
     transaction.on_commit(go)
 

@@ -27,6 +27,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from portal.celery import app
 from portal.replay.export import (
     HistoryExport,
     history_export,
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 LIVE_ROW = "live (as it ran)"
 # The Celery task's time limit (s): a replay RUNNING for longer lost its worker.
 TASK_TIME_LIMIT_S = 3600
+# The Celery task that runs a replay (portal.replay.tasks), enqueued by this name.
+REPLAY_RUN_TASK = "cosched.replay_run"
 MAX_POLICIES = 8
 SAVED_PREFIX = "saved:"
 # The row's progress is written at most this often (s) while the simulator runs.
@@ -132,9 +135,7 @@ def replay_run_create(
     )
 
     def enqueue() -> None:
-        from portal.replay.tasks import replay_run
-
-        replay_run.delay(run.pk)
+        app.tasks[REPLAY_RUN_TASK].delay(run.pk)  # portal.replay.tasks.replay_run
 
     transaction.on_commit(enqueue)
     return run

@@ -7,15 +7,65 @@ created on first use). Members of a project see its jobs. See docs/projects.md.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
-from django.db import models
+from django.db import IntegrityError, models, transaction
 from django.db.models import Q
+
+from portal.core.models import Gpu
+from scheduler.catalog import UnknownGpuModel, canonical_model
 
 PROJECT_NAME = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$",
     "letters, digits and _ . @ + - (not first), at most 100 characters",
 )
+
+
+def _personal_name(username: str) -> str:
+    base = "".join(c if c.isalnum() or c in "_.@+-" else "-" for c in username)[:90] or "user"
+    if not base[0].isalnum():
+        base = "u" + base
+    name, n = base, 1
+    while Project.objects.filter(name=name).exists():
+        n += 1
+        name = f"{base}-personal" if n == 2 else f"{base}-personal{n - 1}"
+    return name
+
+
+class ProjectManager(models.Manager["Project"]):
+    # Here rather than in services so that ``core.Job.save`` can fill a job's project through
+    # its own foreign key (``Job.project``) without importing the teams app: the core models
+    # sit below teams (``ProjectQuota.clean`` reads ``core.Gpu``), never the other way round.
+
+    def personal_for(self, user: Any) -> Project:
+        """The user's personal project (they manage it), created on first use."""
+        existing = self.filter(personal_of=user).first()
+        if existing is not None:
+            return existing
+        try:
+            with transaction.atomic():
+                project = self.create(
+                    name=_personal_name(user.get_username()),
+                    personal_of=user,
+                    description=f"personal project of {user.get_username()}",
+                )
+                Membership.objects.create(project=project, user=user, role=Membership.Role.MANAGER)
+        except IntegrityError:  # created concurrently
+            return self.get(personal_of=user)
+        return project
+
+    def default_for(self, user: Any) -> Project:
+        """Where ``user``'s jobs go when they name no project: the membership marked default,
+        else their personal project."""
+        chosen = (
+            Membership.objects.filter(user=user, is_default=True).select_related("project").first()
+        )
+        if chosen is not None:
+            return chosen.project
+        return self.personal_for(user)
 
 
 class Project(models.Model):
@@ -33,6 +83,8 @@ class Project(models.Model):
         default=1.0, help_text="fair-share weight against other projects (1 = an even share)"
     )
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ProjectManager()
 
     class Meta:
         ordering = ["name"]
@@ -89,11 +141,6 @@ class ProjectQuota(models.Model):
     def clean(self) -> None:
         """The GPU model is a catalogue name or the model of a registered GPU (stored in the
         catalogue's spelling, so the scheduler matches it)."""
-        from django.core.exceptions import ValidationError
-
-        from portal.core.models import Gpu
-        from scheduler.catalog import UnknownGpuModel, canonical_model
-
         try:
             self.gpu_model = canonical_model(self.gpu_model)
         except UnknownGpuModel:

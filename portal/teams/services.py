@@ -5,48 +5,21 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import QuerySet
 
 from portal.teams.models import Membership, Project
 
 
-def _personal_name(username: str) -> str:
-    base = "".join(c if c.isalnum() or c in "_.@+-" else "-" for c in username)[:90] or "user"
-    if not base[0].isalnum():
-        base = "u" + base
-    name, n = base, 1
-    while Project.objects.filter(name=name).exists():
-        n += 1
-        name = f"{base}-personal" if n == 2 else f"{base}-personal{n - 1}"
-    return name
-
-
 def personal_project(user: Any) -> Project:
     """The user's personal project (they manage it), created on first use."""
-    existing = Project.objects.filter(personal_of=user).first()
-    if existing is not None:
-        return existing
-    try:
-        with transaction.atomic():
-            project = Project.objects.create(
-                name=_personal_name(user.get_username()),
-                personal_of=user,
-                description=f"personal project of {user.get_username()}",
-            )
-            Membership.objects.create(project=project, user=user, role=Membership.Role.MANAGER)
-    except IntegrityError:  # created concurrently
-        return Project.objects.get(personal_of=user)
-    return project
+    return Project.objects.personal_for(user)
 
 
 def default_project(user: Any) -> Project:
     """Where ``user``'s jobs go when they name no project: the membership marked default, else
     their personal project."""
-    chosen = Membership.objects.filter(user=user, is_default=True).select_related("project").first()
-    if chosen is not None:
-        return chosen.project
-    return personal_project(user)
+    return Project.objects.default_for(user)
 
 
 def projects_of(user: Any) -> QuerySet[Project]:

@@ -63,21 +63,35 @@ def free_port() -> int:
 # -- job files and the module itself ----------------------------------------------------------
 
 
-def test_the_cli_module_needs_no_django(tmp_path):
-    """portal/cli.py loads and runs with Django made unimportable."""
-    source = str(REPO / "portal" / "cli.py")
+def test_the_cli_package_needs_no_django():
+    """portal/cli/ loads and runs with Django made unimportable."""
     code = (
-        "import sys, importlib.util\n"
+        "import sys\n"
         "sys.modules['django'] = None\n"
-        f"spec = importlib.util.spec_from_file_location('cosched_cli', {source!r})\n"
-        "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
-        "sys.exit(module.main(['--url', 'http://127.0.0.1:1', '--retries', '0', 'status', '1']))\n"
+        "import portal.cli\n"
+        "argv = ['--url', 'http://127.0.0.1:1', '--retries', '0', 'status', '1']\n"
+        "sys.exit(portal.cli.main(argv))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        env={"PATH": os.environ["PATH"]},
+        cwd=REPO,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)},
+    )
+    assert done.returncode == cli.EXIT_AUTH, done.stderr
+    assert "no API token" in done.stderr
+
+
+def test_python_dash_m_runs_the_cli():
+    """``python -m portal.cli`` is the console script (tests use it when none is installed)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "portal.cli", "--url", "http://127.0.0.1:1", "status", "1"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(REPO)},
+        timeout=60,
     )
     assert done.returncode == cli.EXIT_AUTH, done.stderr
     assert "no API token" in done.stderr
