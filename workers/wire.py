@@ -157,9 +157,13 @@ class Float(Kind):
     def read(self, value: Any, where: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ProtocolError(f"{where}: expected a number, got {_kind(value)}")
-        if not math.isfinite(value):
+        try:
+            number = float(value)
+        except OverflowError:  # an integer beyond any float (hundreds of digits)
+            raise ProtocolError(f"{where}: out of range for a number") from None
+        if not math.isfinite(number):
             raise ProtocolError(f"{where}: must be a finite number")
-        return float(value) if self.floor is None else max(self.floor, float(value))
+        return number if self.floor is None else max(self.floor, number)
 
 
 @dataclass(frozen=True)
