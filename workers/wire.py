@@ -10,6 +10,19 @@ checked when read. One codec serves every message: ``encode`` writes a message a
 checks that span its fields (``Message._check``). Readers ignore keys they do not know, so a newer
 peer may add fields.
 
+For example (``workers.protocol.RunningAttempt``)::
+
+    @dataclass(frozen=True, slots=True)
+    class RunningAttempt(Message):
+        job_id: int = wire(Int(minimum=1))  # required: absent or null is an error
+        attempt: int = wire(Int(minimum=1))
+        state: str = wire(Choice(RUN_STATES))
+        started_at: float = wire(Float())
+        pid: int | None = wire(Int(minimum=1), None)  # optional: absent reads as None
+
+    RunningAttempt.read({"job_id": 3, "attempt": 1}, "running[0]")
+    # ProtocolError: running[0].state: required
+
 Also here: the bounds of a message and a bounded JSON reader (``loads_bounded``) that the portal
 uses for its other JSON inputs too. Imports neither ``portal`` nor Django.
 """
