@@ -377,7 +377,7 @@ class Sample(Message):
     attempt: int | None = wire(Int(minimum=1), None)
 
     def to_list(self) -> list[Any]:
-        return encode(self)  # type: ignore[no-any-return]
+        return encode(self)
 
 
 @dataclass(frozen=True, slots=True)

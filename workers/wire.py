@@ -33,7 +33,6 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
-from functools import cache
 from typing import Any, ClassVar, Self, TypeVar
 
 # Bounds of one message (a request larger than MAX_MESSAGE_BYTES is refused with HTTP 413).
@@ -380,21 +379,31 @@ def wire(
     return field(default=default, default_factory=factory, metadata={"wire": spec})
 
 
-@cache
-def _table(cls: type) -> tuple[tuple[Field[Any], Wire], ...]:
-    """A message class's field table, in declaration order."""
-    rows = []
-    for f in fields(cls):
-        if "wire" not in f.metadata:  # pragma: no cover - a programming error
-            raise TypeError(f"{cls.__name__}.{f.name}: declare it with wire()")
-        rows.append((f, f.metadata["wire"]))
-    return tuple(rows)
+Row = tuple[Field[Any], Wire]
+_TABLES: dict[type, tuple[tuple[Row, ...], tuple[Row, ...]]] = {}
 
 
-@cache
-def _read_order(cls: type) -> tuple[tuple[Field[Any], Wire], ...]:
+def _table(cls: type) -> tuple[Row, ...]:
+    """A message class's field table, in declaration order (the order ``encode`` writes)."""
+    return _tables(cls)[0]
+
+
+def _read_order(cls: type) -> tuple[Row, ...]:
     """The field table in the order ``decode`` reads it: the ``first`` fields, then the rest."""
-    return tuple(sorted(_table(cls), key=lambda row: not row[1].first))
+    return _tables(cls)[1]
+
+
+def _tables(cls: type) -> tuple[tuple[Row, ...], tuple[Row, ...]]:
+    found = _TABLES.get(cls)
+    if found is None:
+        rows = []
+        for f in fields(cls):
+            if "wire" not in f.metadata:  # pragma: no cover - a programming error
+                raise TypeError(f"{cls.__name__}.{f.name}: declare it with wire()")
+            rows.append((f, f.metadata["wire"]))
+        ordered = sorted(rows, key=lambda row: not row[1].first)
+        found = _TABLES[cls] = (tuple(rows), tuple(ordered))
+    return found
 
 
 def _absent(f: Field[Any], spec: Wire) -> Any:
