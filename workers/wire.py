@@ -372,7 +372,9 @@ def wire(
     """A message field: its JSON ``kind`` and its ``default`` (or ``factory``). An absent or
     null value reads as the default, else as the kind's empty value where the kind is optional,
     else is an error; ``required`` overrides that (a field may have a default in Python and be
-    required on the wire). ``check`` refines the value read, naming ``where`` when it refuses."""
+    required on the wire). ``check`` refines the value read, naming ``where`` when it refuses.
+    ``first``: read before the other fields (a version, so that a message of another version is
+    refused for that and nothing else; an attempt's parts and node rank, the frame of the rest)."""
     if required is None:
         required = default is MISSING and factory is MISSING and not kind.optional
     spec = Wire(kind, required, check, first)
