@@ -3,8 +3,8 @@ node protocol"; docs/reliability.md).
 
 Both sides import this module and nothing of each other: it imports neither ``portal`` nor
 Django, so the node agent holds no database credentials and speaks only these messages (Slurm's
-slurmctld / slurmd split). Every message type is defined once, here, with its JSON form and its
-validation.
+slurmctld / slurmd split). Every message type is defined once, here, as a field table: each
+field's JSON kind, default and checks; one codec (``workers.wire``) writes and reads them all.
 
 **One exchange, desired state.** The agent sends a ``SyncRequest`` every second or so (and at
 once when nudged); the portal answers with a ``SyncReply``:
@@ -48,13 +48,37 @@ Units: seconds (``*_s``; ``*_at`` are seconds since the epoch), MB, percent.
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol
 
 from workers.profiles import profile_to_json as profile_payload  # noqa: F401  (part of the contract)
+from workers.wire import (
+    MAX_ITEMS,  # noqa: F401  (re-exported: part of the contract)
+    MAX_JSON_DEPTH,  # noqa: F401  (re-exported: part of the contract)
+    MAX_MESSAGE_BYTES,  # noqa: F401  (re-exported: part of the contract)
+    MAX_NAME,  # noqa: F401  (re-exported: part of the contract)
+    MAX_TEXT,
+    AnyObject,
+    Choice,
+    Environment,
+    Flag,
+    Float,
+    Id,
+    Int,
+    JsonTooDeep,  # noqa: F401  (re-exported: part of the contract)
+    ListOf,
+    Message,
+    Nested,
+    OneOf,
+    ProtocolError,
+    Record,
+    Text,
+    encode,
+    json_nesting_depth,  # noqa: F401  (re-exported: part of the contract)
+    loads_bounded,  # noqa: F401  (re-exported: part of the contract)
+    wire,
+)
 
 #: The protocol this code speaks. Version 2 (2026-11): agents report which protocol they
 #: speak on every request and the portal answers in the agent's version; fields added since
@@ -69,12 +93,6 @@ RESULTS_PATH = "/agent/v1/results"  # where a runner reports its result when its
 AUTH_SCHEME = "Bearer"  # Authorization: Bearer <node token>
 NODE_TOKEN_PREFIX = "cosn_"
 
-# Bounds of one message (a request larger than MAX_MESSAGE_BYTES is refused with HTTP 413).
-MAX_MESSAGE_BYTES = 8 * 2**20
-MAX_ITEMS = 10_000  # entries in any one list (samples, results, ...)
-MAX_TEXT = 2**20  # characters of any one string (a command, a log tail)
-MAX_NAME = 200  # characters of a node name, a metric name, a state
-MAX_JSON_DEPTH = 64  # nesting of any JSON document read here (the messages need 6)
 
 # What an agent reports about an attempt it runs.
 RUN_STATES = ("starting", "running", "paused", "stopping")
@@ -100,28 +118,8 @@ OUTCOMES = ("exited", "killed", "stopped", "lease_expired", "launch_failed", "lo
 DEFAULT_STOP_GRACE_S = 10.0
 
 
-class ProtocolError(ValueError):
-    """A message does not follow the protocol; the text names the offending field."""
-
-
 class TransportError(RuntimeError):
     """A sync could not be completed (portal unreachable, HTTP error, bad reply)."""
-
-
-def _agent_version(r: _Reader) -> int:
-    """The version of an agent's message, if this portal accepts it (ProtocolError if not)."""
-    version = int(r.int("version"))
-    if version > PROTOCOL_VERSION:
-        raise ProtocolError(
-            f"version: this portal speaks protocol {OLDEST_AGENT_VERSION}-{PROTOCOL_VERSION} "
-            f"and the agent {version}: upgrade the portal first (docs/upgrade.md)"
-        )
-    if version < OLDEST_AGENT_VERSION:
-        raise ProtocolError(
-            f"version: this portal accepts agents of protocol {OLDEST_AGENT_VERSION} and newer, "
-            f"this agent speaks {version}: upgrade the agent (docs/upgrade.md)"
-        )
-    return version
 
 
 def nudge_channel(node: str) -> str:
@@ -129,283 +127,102 @@ def nudge_channel(node: str) -> str:
     return f"cosched:nudge:{node}"
 
 
-# --- validation helpers ---------------------------------------------------------------------------
-
-T = TypeVar("T")
+# --- checks beyond a field's kind (``wire(check=...)``) ----------------------------------------
 
 
-class _Reader:
-    """Typed, bounded access to one JSON object; errors name the field's path."""
-
-    def __init__(self, data: Any, path: str) -> None:
-        if not isinstance(data, Mapping):
-            raise ProtocolError(f"{path or 'message'}: expected an object, got {_kind(data)}")
-        self.data = data
-        self.path = path
-
-    def _where(self, name: str) -> str:
-        return f"{self.path}.{name}" if self.path else name
-
-    def _get(self, name: str, required: bool) -> Any:
-        if name not in self.data or self.data[name] is None:
-            if required:
-                raise ProtocolError(f"{self._where(name)}: required")
-            return None
-        return self.data[name]
-
-    def int(self, name: str, *, required: bool = True, minimum: int | None = None) -> Any:
-        value = self._get(name, required)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ProtocolError(f"{self._where(name)}: expected an integer, got {_kind(value)}")
-        if not -(2**63) <= value < 2**63:
-            raise ProtocolError(f"{self._where(name)}: {value} is out of range")
-        if minimum is not None and value < minimum:
-            raise ProtocolError(f"{self._where(name)}: must be at least {minimum}, got {value}")
-        return value
-
-    def float(self, name: str, *, required: bool = True) -> Any:
-        value = self._get(name, required)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ProtocolError(f"{self._where(name)}: expected a number, got {_kind(value)}")
-        if not math.isfinite(value):
-            raise ProtocolError(f"{self._where(name)}: must be a finite number")
-        return float(value)
-
-    def bool(self, name: str, *, default: bool = False) -> bool:
-        value = self._get(name, False)
-        if value is None:
-            return default
-        if not isinstance(value, bool):
-            raise ProtocolError(f"{self._where(name)}: expected true or false, got {_kind(value)}")
-        return value
-
-    def str(
-        self, name: str, *, required: bool = True, limit: int = MAX_NAME, default: str = ""
-    ) -> Any:
-        value = self._get(name, required)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            raise ProtocolError(f"{self._where(name)}: expected a string, got {_kind(value)}")
-        if len(value) > limit:
-            raise ProtocolError(f"{self._where(name)}: longer than {limit} characters")
-        if "\x00" in value:
-            raise ProtocolError(f"{self._where(name)}: contains a NUL character")
-        return value
-
-    def choice(self, name: str, choices: Iterable[str]) -> str:
-        value = self.str(name)
-        options = tuple(choices)
-        if value not in options:
-            allowed = ", ".join(options)
-            raise ProtocolError(f"{self._where(name)}: {value!r} is not one of {allowed}")
-        return str(value)
-
-    def obj(self, name: str, *, required: bool = False) -> _Reader | None:
-        value = self._get(name, required)
-        return None if value is None else _Reader(value, self._where(name))
-
-    def raw_obj(self, name: str) -> dict[str, Any] | None:
-        """A free-form JSON object (a profile, GPU fields), size-checked."""
-        value = self._get(name, False)
-        if value is None:
-            return None
-        if not isinstance(value, Mapping):
-            raise ProtocolError(f"{self._where(name)}: expected an object, got {_kind(value)}")
-        return dict(value)
-
-    def list(self, name: str, item: Callable[[Any, str], T]) -> list[T]:
-        value = self._get(name, False)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            raise ProtocolError(f"{self._where(name)}: expected a list, got {_kind(value)}")
-        if len(value) > MAX_ITEMS:
-            raise ProtocolError(f"{self._where(name)}: more than {MAX_ITEMS} entries")
-        return [item(v, f"{self._where(name)}[{i}]") for i, v in enumerate(value)]
-
-    def str_map(self, name: str) -> dict[str, str]:
-        value = self._get(name, False)
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            raise ProtocolError(f"{self._where(name)}: expected an object, got {_kind(value)}")
-        out = {}
-        for key, text in value.items():
-            if not isinstance(text, str) or len(text) > MAX_TEXT or "\x00" in text:
-                raise ProtocolError(f"{self._where(name)}.{key}: expected a string")
-            if "\x00" in key or "=" in key or not key:
-                raise ProtocolError(f"{self._where(name)}: bad variable name {key!r}")
-            out[str(key)] = text
-        return out
+def _at(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}.get(
-        type(value), "a list" if isinstance(value, list) else "an object"
-    )
+def _agent_version(version: int, where: str) -> int:
+    """The version of an agent's message, if this portal accepts it (ProtocolError if not)."""
+    if version > PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"{where}: this portal speaks protocol {OLDEST_AGENT_VERSION}-{PROTOCOL_VERSION} "
+            f"and the agent {version}: upgrade the portal first (docs/upgrade.md)"
+        )
+    if version < OLDEST_AGENT_VERSION:
+        raise ProtocolError(
+            f"{where}: this portal accepts agents of protocol {OLDEST_AGENT_VERSION} and newer, "
+            f"this agent speaks {version}: upgrade the agent (docs/upgrade.md)"
+        )
+    return version
 
 
-def json_nesting_depth(text: str | bytes | bytearray) -> int:
-    """The deepest nesting of ``[`` / ``{`` in a JSON document, read without parsing it (so a
-    100,000-deep document is measured without recursion)."""
-    if isinstance(text, bytes | bytearray):
-        text = bytes(text).decode("utf-8", "replace")
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
+def _speaks(side: str) -> Callable[[int, str], int]:
+    """A version check: only this ``side``'s own protocol version."""
+
+    def check(version: int, where: str) -> int:
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(f"{where}: this {side} speaks {PROTOCOL_VERSION}, got {version}")
+        return version
+
+    return check
 
 
-class JsonTooDeep(ValueError):
-    """A JSON document nested deeper than its reader takes (``loads_bounded``)."""
-
-
-def loads_bounded(
-    data: bytes | bytearray | str, max_depth: int = MAX_JSON_DEPTH, *, finite: bool = True
-) -> Any:
-    """``json.loads`` of a document nested at most ``max_depth`` levels deep (and, with
-    ``finite``, holding finite numbers only). Raises ``JsonTooDeep`` (naming the depth) before
-    decoding a deeper one (Python's decoder would hit its recursion limit), ``ValueError`` for
-    anything that is not JSON."""
-    depth = json_nesting_depth(data)
-    if depth > max_depth:
-        raise JsonTooDeep(f"nested {depth} levels deep; at most {max_depth}")
-    try:
-        return json.loads(data, parse_constant=_no_constant if finite else None)
-    except RecursionError:  # pragma: no cover - the depth check comes first
-        raise JsonTooDeep("nested too deeply") from None
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON (only finite numbers)")
-
-
-def _parse(data: bytes | str | Mapping[str, Any]) -> Any:
-    if isinstance(data, Mapping):
-        return data
-    if isinstance(data, bytes | bytearray) and len(data) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message larger than {MAX_MESSAGE_BYTES} bytes")
-    try:
-        return loads_bounded(data, finite=False)  # a NaN is refused by the field it is in
-    except JsonTooDeep as exc:
-        raise ProtocolError(f"not a message: JSON {exc}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"not JSON: {exc}") from None
-
-
-def _dump(payload: dict[str, Any]) -> str:
-    return json.dumps(payload, separators=(",", ":"), allow_nan=False)
-
-
-def message_dict(message: Any) -> dict[str, Any]:
-    """A message's JSON object: its dataclass fields by name, nested messages as their own
-    objects (``Sample`` as its compact list), tuples as lists, mappings as objects. Reading
-    back, with validation, is each message's own ``read`` / ``from_json``."""
-    return {f.name: _plain(getattr(message, f.name)) for f in fields(message)}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Sample):
-        return value.to_list()
-    if is_dataclass(value) and not isinstance(value, type):
-        return message_dict(value)
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+def _port(value: int | None, where: str) -> int | None:
+    if value is not None and not 1024 <= value <= 65535:
+        raise ProtocolError(f"{where}: {value} is not a port from 1024 to 65535")
     return value
+
+
+def _percentage(value: int | None, where: str) -> int | None:
+    if value is not None and not 1 <= value <= 100:
+        raise ProtocolError(f"{where}: {value} not in 1..100")
+    return value
+
+
+def _positive(value: float | None, where: str) -> float | None:
+    if value is not None and value <= 0:
+        raise ProtocolError(f"{where}: must be positive, got {value}")
+    return value
+
+
+def _lease(value: float, where: str) -> float:
+    if value <= 0:
+        raise ProtocolError(f"{where}: must be positive")
+    return value
+
+
+def _not_empty(value: tuple[Any, ...], where: str) -> tuple[Any, ...]:
+    if not value:
+        raise ProtocolError(f"{where}: give at least one")
+    return value
+
+
+JOB_ID = Id(1, 2**63, "job id")
+GPU_INDEX = Id(0, 4096, "GPU index")
 
 
 # --- messages -------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True, order=True)
-class AttemptKey:
+class AttemptKey(Message):
     """One attempt of one job: the id every message about it carries."""
 
-    job_id: int
-    attempt: int
+    job_id: int = wire(Int(minimum=1))
+    attempt: int = wire(Int(minimum=1))
 
     def __str__(self) -> str:
         return f"{self.job_id}.{self.attempt}"
 
-    def to_dict(self) -> dict[str, Any]:
-        return message_dict(self)
-
-    @classmethod
-    def read(cls, data: Any, path: str) -> AttemptKey:
-        r = _Reader(data, path)
-        return cls(r.int("job_id", minimum=1), r.int("attempt", minimum=1))
-
 
 @dataclass(frozen=True, slots=True)
-class GangPart:
+class GangPart(Message):
     """One node's share of an attempt, in node-rank order (a single-node attempt has one).
 
     ``address`` is the node's address as its agent registered it (for ``MASTER_ADDR``)."""
 
-    node: str
-    node_rank: int
-    gpu_indices: tuple[int, ...] = ()
-    cpus: int = 1
-    address: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return message_dict(self)
-
-    @classmethod
-    def read(cls, data: Any, path: str) -> GangPart:
-        r = _Reader(data, path)
-        return cls(
-            node=r.str("node"),
-            node_rank=r.int("node_rank", minimum=0),
-            gpu_indices=tuple(r.list("gpu_indices", _read_index)),
-            cpus=r.int("cpus", minimum=0),
-            address=r.str("address", required=False),
-        )
-
-
-def _read_job_id(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**63:
-        raise ProtocolError(f"{path}: expected a job id, got {value!r}")
-    return value
-
-
-def _read_port(value: int | None, path: str) -> int | None:
-    if value is not None and not 1024 <= value <= 65535:
-        raise ProtocolError(f"{path}.master_port: {value} is not a port from 1024 to 65535")
-    return value
-
-
-def _read_index(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 4096:
-        raise ProtocolError(f"{path}: expected a GPU index, got {value!r}")
-    return value
+    node: str = wire(Text())
+    node_rank: int = wire(Int(minimum=0))
+    gpu_indices: tuple[int, ...] = wire(ListOf(GPU_INDEX), ())
+    cpus: int = wire(Int(minimum=0), 1, required=True)
+    address: str = wire(Text(), "")
 
 
 @dataclass(frozen=True, slots=True)
-class AttemptSpec:
+class AttemptSpec(Message):
     """A desired attempt on the receiving node, with everything needed to launch it.
 
     ``launch``: no agent has started this node's part yet, so the agent may start it (once).
@@ -421,30 +238,36 @@ class AttemptSpec:
     ``WORLD_SIZE`` counts the GPUs of every part (``rank_envs``). Elastic jobs run this way.
     """
 
-    job_id: int
-    attempt: int
-    launch: bool
-    paused: bool
-    command: str
-    parts: tuple[GangPart, ...]
-    node_rank: int = 0
-    mode: str = "exclusive"
-    mps_percentage: int | None = None
-    mig_profile: str | None = None
-    gpu_model: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    profile: Mapping[str, Any] | None = None
-    job_name: str = ""
-    job_kind: str = "other"
-    job_type: str | None = None
-    gpu_memory_mb: float | None = None
-    owner: str = ""  # the portal user; the node runs the job as their account (isolation)
-    memory_mb: int | None = None  # the job's memory (per node), for its cgroup
-    time_limit_s: float | None = None
-    process_per_gpu: bool = False
-    master_port: int | None = None  # MASTER_PORT of a multi-process attempt (chosen by the portal)
+    job_id: int = wire(Int(minimum=1))
+    attempt: int = wire(Int(minimum=1))
+    launch: bool = wire(Flag())
+    paused: bool = wire(Flag())
+    command: str = wire(Text(MAX_TEXT))
+    parts: tuple[GangPart, ...] = wire(ListOf(Nested(GangPart)), first=True)
+    node_rank: int = wire(Int(minimum=0), 0, required=True, first=True)
+    mode: str = wire(
+        Choice(("exclusive", "time_slicing", "mps", "mig")), "exclusive", required=True
+    )
+    mps_percentage: int | None = wire(Int(), None, check=_percentage)
+    mig_profile: str | None = wire(Text(blank_as_none=True), None)
+    gpu_model: str | None = wire(Text(blank_as_none=True), None)
+    env: Mapping[str, str] = wire(Environment(), factory=dict)
+    profile: Mapping[str, Any] | None = wire(AnyObject(), None)
+    job_name: str = wire(Text(MAX_TEXT), "")
+    job_kind: str = wire(Text(), "other")
+    job_type: str | None = wire(Text(blank_as_none=True), None)
+    gpu_memory_mb: float | None = wire(Float(), None)
+    # the portal user; the node runs the job as their account (isolation)
+    owner: str = wire(Text(150), "")
+    memory_mb: int | None = wire(
+        Int(minimum=1), None
+    )  # the job's memory (per node), for its cgroup
+    time_limit_s: float | None = wire(Float(), None, check=_positive)
+    process_per_gpu: bool = wire(Flag(), False)
+    # MASTER_PORT of a multi-process attempt (chosen by the portal)
+    master_port: int | None = wire(Int(), None, check=_port)
     # The image the job runs in (docs/containers.md); "" runs ``command`` on the node itself.
-    container_image: str = ""
+    container_image: str = wire(Text(300), "")
 
     @property
     def key(self) -> AttemptKey:
@@ -473,99 +296,50 @@ class AttemptSpec:
     def is_gang(self) -> bool:
         return len(self.parts) > 1
 
-    def to_dict(self) -> dict[str, Any]:
-        return message_dict(self)
-
-    @classmethod
-    def read(cls, data: Any, path: str) -> AttemptSpec:
-        r = _Reader(data, path)
-        parts = tuple(r.list("parts", GangPart.read))
-        rank = r.int("node_rank", minimum=0)
+    def _check(self, path: str) -> None:
+        parts, rank = self.parts, self.node_rank
         if not parts:
-            raise ProtocolError(f"{path}.parts: an attempt has at least one part")
+            raise ProtocolError(f"{_at(path, 'parts')}: an attempt has at least one part")
         if rank >= len(parts):
-            raise ProtocolError(f"{path}.node_rank: {rank} but only {len(parts)} parts")
+            raise ProtocolError(f"{_at(path, 'node_rank')}: {rank} but only {len(parts)} parts")
         if [p.node_rank for p in parts] != list(range(len(parts))):
-            raise ProtocolError(f"{path}.parts: node ranks must be 0..{len(parts) - 1} in order")
-        pct = r.int("mps_percentage", required=False)
-        if pct is not None and not 1 <= pct <= 100:
-            raise ProtocolError(f"{path}.mps_percentage: {pct} not in 1..100")
-        limit = r.float("time_limit_s", required=False)
-        if limit is not None and limit <= 0:
-            raise ProtocolError(f"{path}.time_limit_s: must be positive, got {limit}")
-        return cls(
-            job_id=r.int("job_id", minimum=1),
-            attempt=r.int("attempt", minimum=1),
-            launch=r.bool("launch"),
-            paused=r.bool("paused"),
-            command=r.str("command", limit=MAX_TEXT),
-            parts=parts,
-            node_rank=rank,
-            mode=r.choice("mode", ("exclusive", "time_slicing", "mps", "mig")),
-            mps_percentage=pct,
-            mig_profile=r.str("mig_profile", required=False) or None,
-            gpu_model=r.str("gpu_model", required=False) or None,
-            env=r.str_map("env"),
-            profile=r.raw_obj("profile"),
-            job_name=r.str("job_name", required=False, limit=MAX_TEXT),
-            job_kind=r.str("job_kind", required=False, default="other"),
-            job_type=r.str("job_type", required=False) or None,
-            gpu_memory_mb=r.float("gpu_memory_mb", required=False),
-            owner=r.str("owner", required=False, limit=150),
-            memory_mb=r.int("memory_mb", required=False, minimum=1),
-            time_limit_s=limit,
-            process_per_gpu=r.bool("process_per_gpu"),
-            master_port=_read_port(r.int("master_port", required=False), path),
-            container_image=r.str("container_image", required=False, limit=300),
-        )
+            raise ProtocolError(
+                f"{_at(path, 'parts')}: node ranks must be 0..{len(parts) - 1} in order"
+            )
 
 
 @dataclass(frozen=True, slots=True)
-class RunningAttempt:
+class RunningAttempt(Message):
     """An attempt whose processes the agent runs on this node, as it sees it now.
 
     ``pid``: the job's process (None while its runner is starting it); ``started_at``: when the
     agent started the attempt's runner (epoch s)."""
 
-    job_id: int
-    attempt: int
-    state: str
-    started_at: float
-    pid: int | None = None
+    job_id: int = wire(Int(minimum=1))
+    attempt: int = wire(Int(minimum=1))
+    state: str = wire(Choice(RUN_STATES))
+    started_at: float = wire(Float())
+    pid: int | None = wire(Int(minimum=1), None)
 
     @property
     def key(self) -> AttemptKey:
         return AttemptKey(self.job_id, self.attempt)
 
-    def to_dict(self) -> dict[str, Any]:
-        return message_dict(self)
-
-    @classmethod
-    def read(cls, data: Any, path: str) -> RunningAttempt:
-        r = _Reader(data, path)
-        return cls(
-            job_id=r.int("job_id", minimum=1),
-            attempt=r.int("attempt", minimum=1),
-            state=r.choice("state", RUN_STATES),
-            started_at=r.float("started_at"),
-            pid=r.int("pid", required=False, minimum=1),
-        )
-
 
 @dataclass(frozen=True, slots=True)
-class AttemptResult:
+class AttemptResult(Message):
     """How this node's part of an attempt ended (see ``OUTCOMES``). Kept on the agent's disk
     and sent with every request until the portal acknowledges it, so none is lost and none is
     recorded twice."""
 
-    job_id: int
-    attempt: int
-    outcome: str
-    ended_at: float
-    exit_code: int | None = None
-    detail: str = ""
-    started_at: float | None = None
-    log_tail: str | None = None
+    job_id: int = wire(Int(minimum=1))
+    attempt: int = wire(Int(minimum=1))
+    outcome: str = wire(Choice(OUTCOMES))
+    ended_at: float = wire(Float())
+    exit_code: int | None = wire(Int(), None)
+    detail: str = wire(Text(MAX_TEXT), "")
+    started_at: float | None = wire(Float(), None)
+    log_tail: str | None = wire(Text(MAX_TEXT, blank_as_none=True), None)
 
     @property
     def key(self) -> AttemptKey:
@@ -574,23 +348,6 @@ class AttemptResult:
     @property
     def succeeded(self) -> bool:
         return self.outcome == "exited" and self.exit_code == 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return message_dict(self)
-
-    @classmethod
-    def read(cls, data: Any, path: str) -> AttemptResult:
-        r = _Reader(data, path)
-        return cls(
-            job_id=r.int("job_id", minimum=1),
-            attempt=r.int("attempt", minimum=1),
-            outcome=r.choice("outcome", OUTCOMES),
-            ended_at=r.float("ended_at"),
-            exit_code=r.int("exit_code", required=False),
-            detail=r.str("detail", required=False, limit=MAX_TEXT),
-            started_at=r.float("started_at", required=False),
-            log_tail=r.str("log_tail", required=False, limit=MAX_TEXT) or None,
-        )
 
 
 #: Per-attempt GPU readings (``Sample`` with ``gpu_index``, ``job_id`` and ``attempt``): the GPU
@@ -605,87 +362,61 @@ JOB_STEPS = "steps"
 
 
 @dataclass(frozen=True, slots=True)
-class Sample:
+class Sample(Message):
     """One metric reading (names and units: ``portal.core.metrics``). ``gpu_index`` files it
-    under one of this node's GPUs; ``job_id`` / ``attempt`` under a job it runs."""
+    under one of this node's GPUs; ``job_id`` / ``attempt`` under a job it runs. Travels as a
+    list (there are many)."""
 
-    metric: str
-    value: float
-    at: float
-    gpu_index: int | None = None
-    job_id: int | None = None
-    attempt: int | None = None
+    list_form: ClassVar[str] = "[metric, value, at, gpu, job, attempt]"
+
+    metric: str = wire(Text())
+    value: float = wire(Float())
+    at: float = wire(Float())
+    gpu_index: int | None = wire(Int(minimum=0), None)
+    job_id: int | None = wire(Int(minimum=1), None)
+    attempt: int | None = wire(Int(minimum=1), None)
 
     def to_list(self) -> list[Any]:
-        return [self.metric, self.value, self.at, self.gpu_index, self.job_id, self.attempt]
-
-    @classmethod
-    def read(cls, data: Any, path: str) -> Sample:
-        if not isinstance(data, list) or len(data) != 6:
-            raise ProtocolError(f"{path}: expected [metric, value, at, gpu, job, attempt]")
-        names = ("metric", "value", "at", "gpu_index", "job_id", "attempt")
-        r = _Reader(dict(zip(names, data, strict=True)), path)
-        return cls(
-            metric=r.str("metric"),
-            value=r.float("value"),
-            at=r.float("at"),
-            gpu_index=r.int("gpu_index", required=False, minimum=0),
-            job_id=r.int("job_id", required=False, minimum=1),
-            attempt=r.int("attempt", required=False, minimum=1),
-        )
+        return encode(self)
 
 
 @dataclass(frozen=True, slots=True)
-class LogTail:
+class LogTail(Message):
     """The last part of a running attempt's log (stdout and stderr), for the job page."""
 
-    job_id: int
-    attempt: int
-    text: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return message_dict(self)
-
-    @classmethod
-    def read(cls, data: Any, path: str) -> LogTail:
-        r = _Reader(data, path)
-        return cls(
-            r.int("job_id", minimum=1),
-            r.int("attempt", minimum=1),
-            r.str("text", limit=MAX_TEXT, required=False),
-        )
+    job_id: int = wire(Int(minimum=1))
+    attempt: int = wire(Int(minimum=1))
+    text: str = wire(Text(MAX_TEXT), required=False)
 
 
 @dataclass(frozen=True, slots=True)
-class LogChunk:
+class LogChunk(Message):
     """A piece of an attempt's full log (docs/job-control.md): ``offset`` is the byte offset
     in the node's log file where ``text`` begins and ``size`` its length there in bytes (the
     text is decoded, bytes that are not UTF-8 replaced); the portal keeps every chunk, in
     order, once."""
 
-    job_id: int
-    attempt: int
-    offset: int
-    text: str
-    size: int
+    job_id: int = wire(Int(minimum=1))
+    attempt: int = wire(Int(minimum=1))
+    offset: int = wire(Int(minimum=0))
+    text: str = wire(Text(MAX_TEXT))
+    size: int = wire(Int(minimum=0))
 
-    def to_dict(self) -> dict[str, Any]:
-        return message_dict(self)
 
-    @classmethod
-    def read(cls, data: Any, path: str) -> LogChunk:
-        r = _Reader(data, path)
-        return cls(
-            r.int("job_id", minimum=1),
-            r.int("attempt", minimum=1),
-            r.int("offset", minimum=0),
-            r.str("text", limit=MAX_TEXT),
-            r.int("size", minimum=0),
-        )
+# NodeInfo.gpus: one object per device; these keys are checked, all are kept.
+_GPU = Record({"index": Int(minimum=0), "model": Text(), "memory_mb": Int(minimum=0)}, True)
+# NodeInfo.isolation: one object per aspect, exactly these keys.
+_ASPECT = Record(
+    {
+        "what": Choice(tuple(ISOLATION_ASPECTS)),
+        "level": Choice(ISOLATION_LEVELS),
+        "text": Text(4000),
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
-class NodeInfo:
+class NodeInfo(Message):
     """What a node is, as its agent sees it (registration). ``gpus``: one object per device
     with ``index`` and the ``Gpu`` row fields (``uuid``, ``model``, ``architecture``,
     ``memory_mb``, ``sm_count``, ``sharing_modes``, ``mig_profiles``). ``isolation``: how the
@@ -694,56 +425,18 @@ class NodeInfo:
     an agent that does not say. ``container_runtimes``: the container runtimes the node runs
     jobs' images with (``CONTAINER_RUNTIMES``; ``workers.containers``)."""
 
-    kind: str
-    cores: int
-    memory_mb: int
-    backend: str
-    gpus: tuple[Mapping[str, Any], ...] = ()
-    address: str = ""
-    isolation: tuple[Mapping[str, str], ...] = ()
-    container_runtimes: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return message_dict(self)
-
-    @classmethod
-    def read(cls, data: Any, path: str) -> NodeInfo:
-        r = _Reader(data, path)
-
-        def gpu(value: Any, where: str) -> Mapping[str, Any]:
-            g = _Reader(value, where)
-            g.int("index", minimum=0)
-            g.str("model")
-            g.int("memory_mb", minimum=0)
-            return dict(value)
-
-        def aspect(value: Any, where: str) -> Mapping[str, str]:
-            a = _Reader(value, where)
-            return {
-                "what": a.choice("what", ISOLATION_ASPECTS),
-                "level": a.choice("level", ISOLATION_LEVELS),
-                "text": a.str("text", limit=4000),
-            }
-
-        def runtime(value: Any, where: str) -> str:
-            if value not in CONTAINER_RUNTIMES:
-                raise ProtocolError(f"{where}: one of {', '.join(CONTAINER_RUNTIMES)}")
-            return str(value)
-
-        return cls(
-            kind=r.choice("kind", ("gpu", "cpu")),
-            cores=r.int("cores", minimum=1),
-            memory_mb=r.int("memory_mb", minimum=0),
-            backend=r.choice("backend", ("virtual", "nvml")),
-            gpus=tuple(r.list("gpus", gpu)),
-            address=r.str("address", required=False),
-            isolation=tuple(r.list("isolation", aspect)),
-            container_runtimes=tuple(r.list("container_runtimes", runtime)),
-        )
+    kind: str = wire(Choice(("gpu", "cpu")))
+    cores: int = wire(Int(minimum=1))
+    memory_mb: int = wire(Int(minimum=0))
+    backend: str = wire(Choice(("virtual", "nvml")))
+    gpus: tuple[Mapping[str, Any], ...] = wire(ListOf(_GPU), ())
+    address: str = wire(Text(), "")
+    isolation: tuple[Mapping[str, str], ...] = wire(ListOf(_ASPECT), ())
+    container_runtimes: tuple[str, ...] = wire(ListOf(OneOf(CONTAINER_RUNTIMES)), ())
 
 
 @dataclass(frozen=True, slots=True)
-class SyncRequest:
+class SyncRequest(Message):
     """Agent -> portal, every ``SyncReply.sync_interval_s`` and whenever nudged.
 
     ``instance`` is random per agent process (the portal notes restarts); ``seq`` orders the
@@ -753,45 +446,22 @@ class SyncRequest:
     whose checkpoint directory the node keeps and of which it runs no attempt (the portal says
     which may go: ``SyncReply.drop_checkpoints``)."""
 
-    node: str
-    instance: str
-    seq: int
-    sent_at: float
-    running: tuple[RunningAttempt, ...] = ()
-    results: tuple[AttemptResult, ...] = ()
-    samples: tuple[Sample, ...] = ()
-    log_tails: tuple[LogTail, ...] = ()
-    log_chunks: tuple[LogChunk, ...] = ()
-    info: NodeInfo | None = None
-    checkpoints: tuple[int, ...] = ()
-    version: int = PROTOCOL_VERSION
-
-    def to_json(self) -> str:
-        return _dump(message_dict(self))
-
-    @classmethod
-    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> SyncRequest:
-        r = _Reader(_parse(data), "")
-        version = _agent_version(r)
-        info = r.obj("info")
-        return cls(
-            version=version,
-            node=r.str("node"),
-            instance=r.str("instance"),
-            seq=r.int("seq", minimum=1),
-            sent_at=r.float("sent_at"),
-            info=None if info is None else NodeInfo.read(info.data, "info"),
-            running=tuple(r.list("running", RunningAttempt.read)),
-            results=tuple(r.list("results", AttemptResult.read)),
-            samples=tuple(r.list("samples", Sample.read)),
-            log_tails=tuple(r.list("log_tails", LogTail.read)),
-            log_chunks=tuple(r.list("log_chunks", LogChunk.read)),
-            checkpoints=tuple(r.list("checkpoints", _read_job_id)),
-        )
+    node: str = wire(Text())
+    instance: str = wire(Text())
+    seq: int = wire(Int(minimum=1))
+    sent_at: float = wire(Float())
+    running: tuple[RunningAttempt, ...] = wire(ListOf(Nested(RunningAttempt)), ())
+    results: tuple[AttemptResult, ...] = wire(ListOf(Nested(AttemptResult)), ())
+    samples: tuple[Sample, ...] = wire(ListOf(Nested(Sample)), ())
+    log_tails: tuple[LogTail, ...] = wire(ListOf(Nested(LogTail)), ())
+    log_chunks: tuple[LogChunk, ...] = wire(ListOf(Nested(LogChunk)), ())
+    info: NodeInfo | None = wire(Nested(NodeInfo), None)
+    checkpoints: tuple[int, ...] = wire(ListOf(JOB_ID), ())
+    version: int = wire(Int(), PROTOCOL_VERSION, required=True, check=_agent_version, first=True)
 
 
 @dataclass(frozen=True, slots=True)
-class SyncReply:
+class SyncReply(Message):
     """Portal -> agent.
 
     ``lease_s``: the node may run its attempts for this long after it *sent* the request; when
@@ -801,95 +471,47 @@ class SyncReply:
     node (yet): sync again with ``info``; nothing else in the reply counts then.
     ``stop_grace_s``: between SIGTERM and SIGKILL when the agent stops an attempt that is not
     desired any more (preempted, requeued, cancelled) and when one runs past its time limit, so
-    the job can checkpoint. ``drop_checkpoints``: of the request's ``checkpoints``, the jobs
-    whose checkpoint directory may be deleted (ended long enough ago, or unknown).
+    the job can checkpoint (absent from older portals: the default). ``drop_checkpoints``: of
+    the request's ``checkpoints``, the jobs whose checkpoint directory may be deleted (ended
+    long enough ago, or unknown).
     """
 
-    node: str
-    lease_s: float
-    lease_kill_grace_s: float
-    sync_interval_s: float
-    acked: tuple[AttemptKey, ...] = ()
-    desired: tuple[AttemptSpec, ...] = ()
-    send_info: bool = False
-    resync_from: int | None = None
-    stop_grace_s: float = DEFAULT_STOP_GRACE_S
-    drop_checkpoints: tuple[int, ...] = ()
-    version: int = PROTOCOL_VERSION
+    node: str = wire(Text())
+    lease_s: float = wire(Float(), check=_lease)
+    lease_kill_grace_s: float = wire(Float(floor=0.0))
+    sync_interval_s: float = wire(Float(floor=0.05))
+    acked: tuple[AttemptKey, ...] = wire(ListOf(Nested(AttemptKey)), ())
+    desired: tuple[AttemptSpec, ...] = wire(ListOf(Nested(AttemptSpec)), ())
+    send_info: bool = wire(Flag(), False)
+    resync_from: int | None = wire(Int(minimum=1), None)
+    stop_grace_s: float = wire(Float(floor=0.0), DEFAULT_STOP_GRACE_S)
+    drop_checkpoints: tuple[int, ...] = wire(ListOf(JOB_ID), ())
+    version: int = wire(Int(), PROTOCOL_VERSION, required=True, check=_speaks("agent"), first=True)
 
     @property
     def applied(self) -> bool:
         """Did the portal apply the request (False: ``send_info`` or ``resync_from``)?"""
         return not self.send_info and self.resync_from is None
 
-    def to_json(self) -> str:
-        return _dump(message_dict(self))
-
-    @classmethod
-    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> SyncReply:
-        r = _Reader(_parse(data), "")
-        version = r.int("version")
-        if version != PROTOCOL_VERSION:
-            raise ProtocolError(f"version: this agent speaks {PROTOCOL_VERSION}, got {version}")
-        lease = r.float("lease_s")
-        if lease <= 0:
-            raise ProtocolError("lease_s: must be positive")
-        grace = r.float("stop_grace_s", required=False)  # absent from older portals
-        return cls(
-            version=version,
-            node=r.str("node"),
-            lease_s=lease,
-            lease_kill_grace_s=max(0.0, r.float("lease_kill_grace_s")),
-            sync_interval_s=max(0.05, r.float("sync_interval_s")),
-            acked=tuple(r.list("acked", AttemptKey.read)),
-            desired=tuple(r.list("desired", AttemptSpec.read)),
-            send_info=r.bool("send_info"),
-            resync_from=r.int("resync_from", required=False, minimum=1),
-            stop_grace_s=max(0.0, grace if grace is not None else DEFAULT_STOP_GRACE_S),
-            drop_checkpoints=tuple(r.list("drop_checkpoints", _read_job_id)),
-        )
-
 
 @dataclass(frozen=True, slots=True)
-class ResultReport:
+class ResultReport(Message):
     """Runner -> portal, only when the agent does not collect a finished attempt in time (it is
     frozen, dead or cut off): the results alone, recorded exactly once like a sync's. It renews
     no lease and lists nothing, so the portal infers nothing from what it lacks and any order
     with the node's syncs is fine. Answered by ``ResultAck``."""
 
-    node: str
-    results: tuple[AttemptResult, ...]
-    version: int = PROTOCOL_VERSION
-
-    def to_json(self) -> str:
-        return _dump(message_dict(self))
-
-    @classmethod
-    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> ResultReport:
-        r = _Reader(_parse(data), "")
-        version = r.int("version")
-        if version != PROTOCOL_VERSION:
-            raise ProtocolError(f"version: this portal speaks {PROTOCOL_VERSION}, got {version}")
-        results = tuple(r.list("results", AttemptResult.read))
-        if not results:
-            raise ProtocolError("results: give at least one")
-        return cls(node=r.str("node"), results=results, version=version)
+    node: str = wire(Text())
+    results: tuple[AttemptResult, ...] = wire(ListOf(Nested(AttemptResult)), check=_not_empty)
+    version: int = wire(Int(), PROTOCOL_VERSION, required=True, check=_speaks("portal"), first=True)
 
 
 @dataclass(frozen=True, slots=True)
-class ResultAck:
+class ResultAck(Message):
     """Portal -> runner: the results recorded (now or before)."""
 
-    acked: tuple[AttemptKey, ...]
-    version: int = PROTOCOL_VERSION
-
-    def to_json(self) -> str:
-        return _dump(message_dict(self))
-
-    @classmethod
-    def from_json(cls, data: bytes | str | Mapping[str, Any]) -> ResultAck:
-        r = _Reader(_parse(data), "")
-        return cls(acked=tuple(r.list("acked", AttemptKey.read)), version=r.int("version"))
+    acked: tuple[AttemptKey, ...] = wire(ListOf(Nested(AttemptKey)))
+    version: int = wire(Int(), PROTOCOL_VERSION, required=True, first=True)
 
 
 class Transport(Protocol):

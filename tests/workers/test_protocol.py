@@ -102,6 +102,7 @@ def test_a_reply_survives_its_json_form():
         (lambda d: d.update(seq=0), "seq: must be at least 1, got 0"),
         (lambda d: d.update(version=PROTOCOL_VERSION + 1), "version: this portal speaks"),
         (lambda d: d.update(sent_at=float("nan")), "sent_at: must be a finite number"),
+        (lambda d: d.update(sent_at=10**400), "sent_at: out of range for a number"),
         (lambda d: d.update(running=[{"job_id": 1}]), "running[0].attempt: required"),
         (
             lambda d: d.update(
