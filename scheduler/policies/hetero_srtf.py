@@ -85,7 +85,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from scheduler.domain import (
@@ -215,6 +215,7 @@ class Cand:
     freed: Placement | None = None  # its old placement, once requeued this cycle
     stay_bonus: float = 0.0  # seconds a move must save beyond move_cost (margin x remaining)
     gpus: int = 0  # GPUs it asks (set from the job)
+    costs: dict[str, float] = field(default_factory=dict)  # model -> cost (assign_models)
 
     def __post_init__(self) -> None:
         self.gpus = max(1, self.job.gpus)
@@ -240,6 +241,8 @@ def assign_models(cands: Sequence[Cand], capacity: Mapping[str, int]) -> dict[st
     """
     left = dict(capacity)
     out: dict[str, str] = {}
+    models = sorted(capacity)
+    # Each candidate's cost on every model is computed once (``Cand.costs``): swaps read it.
     by_id: dict[str, Cand] = {}
     for c in cands:
         best_m, best_cost = None, _INF
@@ -251,8 +254,8 @@ def assign_models(cands: Sequence[Cand], capacity: Mapping[str, int]) -> dict[st
         if best_m is not None:
             out[c.job.id] = best_m
             by_id[c.job.id] = c
+            c.costs = {m: c.cost(m) for m in models}
             left[best_m] -= c.gpus
-    models = sorted(capacity)
     sizes = sorted({c.gpus for c in by_id.values()})
     for _ in range(3):
         groups: dict[tuple[str, int], list[Cand]] = {}
@@ -270,6 +273,24 @@ def assign_models(cands: Sequence[Cand], capacity: Mapping[str, int]) -> dict[st
     return out
 
 
+def _gains(on: Sequence[Cand], here: str, there: str) -> list[float]:
+    """What moving each job of ``on`` from ``here`` to ``there`` costs (negative: a gain)."""
+    return [c.costs[there] - c.costs[here] for c in on]
+
+
+def _smallest(d: list[float], below: float) -> list[tuple[float, int]]:
+    """(value, index) of the entries of ``d`` under ``below``, ascending (ties by index): the
+    prefix of the sorted list that ``_swap`` can use."""
+    return sorted((x, i) for i, x in enumerate(d) if x < below)
+
+
+def _usable(other_min: float) -> float:
+    """A bound above every gain a move (< -1e-9) or a pair with the other side's smallest
+    gain ``other_min`` can use, with slack for rounding (a longer prefix changes nothing)."""
+    lim = max(-1e-9, -1e-9 - other_min)
+    return lim + 1e-6 * (1.0 + abs(lim))
+
+
 def _swap(
     groups: dict[tuple[str, int], list[Cand]],
     out: dict[str, str],
@@ -284,9 +305,11 @@ def _swap(
     on_h = groups.get((h, k), [])
     if not on_g and not on_h:
         return False
-    # d: what moving to the other model costs (negative: a gain).
-    dg = sorted(((c.cost(h) - c.cost(g), i) for i, c in enumerate(on_g)), key=lambda x: x[0])
-    dh = sorted(((c.cost(g) - c.cost(h), i) for i, c in enumerate(on_h)), key=lambda x: x[0])
+    # d: what moving to the other model costs (negative: a gain). Only entries that a move
+    # (negative) or a pair (negative sum with the other side's smallest) can use are sorted.
+    eg, eh = _gains(on_g, g, h), _gains(on_h, h, g)
+    dg = _smallest(eg, _usable(min(eh, default=_INF)))
+    dh = _smallest(eh, _usable(min(eg, default=_INF)))
     to_h: list[int] = []
     to_g: list[int] = []
     i = j = 0
@@ -594,11 +617,16 @@ class HeteroSrtfPolicy(Policy):
         n_jobs = len(state.pending) + len(state.running)
         ftf = self.ftf_cap
 
+        spreads: dict[int, dict[str, bool]] = {}  # GPU count -> spread per model
+
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
             progress = rj.progress if rj is not None else 0.0
             k = max(1, job.gpus)
-            spread = {m: k > max_node.get(m, 0) for m in models}
+            spread = spreads.get(k)
+            if spread is None:
+                spread = spreads[k] = {m: k > max_node.get(m, 0) for m in models}
             if rj is not None and rj.placement.is_gang:
+                spread = dict(spread)
                 spread[node_model.get(rj.placement.node, "")] = True
             rem = remaining_times(job, progress, models, spread=spread)
             need = job.memory_need_mb()
@@ -655,20 +683,23 @@ class HeteroSrtfPolicy(Policy):
         # Above replan_limit running jobs, the ones no waiting job could preempt keep their
         # GPUs and model without a full estimate (bounded work on large clusters).
         bounded = ftf <= 0 and len(state.running) > self.replan_limit
+        multi = {key for key, ids in gpu_jobs.items() if len(ids) > 1}  # GPUs shared now
+        solos: dict[int, float | None] = {}  # id(profile) -> its fastest time (quick keys)
+        modes = (SharingMode.MPS, SharingMode.EXCLUSIVE)
         for rj in state.running:
-            if rj.paused or not rj.placement.gpu_indices:
+            rpl = rj.placement
+            if rj.paused or not rpl.gpu_indices:
                 continue
-            if rj.placement.mode not in (SharingMode.MPS, SharingMode.EXCLUSIVE):
+            if rpl.mode not in modes:
                 continue  # time-sliced or MIG by someone else: left alone
-            shared = any(
-                len(gpu_jobs.get(key, ())) > 1 and gpu_jobs[key][0] != rj.job.id
-                for key in rj.placement.gpu_keys
+            shared = bool(multi) and any(
+                key in multi and gpu_jobs[key][0] != rj.job.id for key in rpl.gpu_keys
             )
-            here = node_model.get(rj.placement.node)
+            here = node_model.get(rpl.node)
             pinned = self.preempted(rj.job) >= self.max_preemptions
             if bounded and not shared and here is not None:
                 # A job no waiting job could preempt keeps its GPUs without a full estimate.
-                quick = self._quick_key(rj, now, models)
+                quick = self._quick_key(rj, now, models, solos)
                 if quick is not None and (
                     pinned or defended_key(quick, self.cost_s, self.margin) <= min_pending
                 ):
@@ -698,8 +729,7 @@ class HeteroSrtfPolicy(Policy):
                 return (defended_key(c.key, self.cost_s, self.margin), 0, c.job.arrival_s, c.job.id)
             return (c.key, 1, c.job.arrival_s, c.job.id)
 
-        ordered = sorted(running, key=rank) + pending  # pending already sorted
-        ordered.sort(key=rank)
+        ordered = sorted(running + pending, key=rank)  # job ids break every tie
         cap_left = sum(capacity.values())
         chosen: list[Cand] = []
         for c in ordered:
@@ -758,12 +788,12 @@ class HeteroSrtfPolicy(Policy):
         to_start.sort(key=lambda c: (-c.gpus, rank(c)))
         cores = dict(free_cores)
         started: set[str] = set()
-        host_of: dict[tuple[tuple[str, int], ...], Cand] = {}
+        hosts: list[tuple[Cand, Placement]] = []  # jobs on their GPUs after the plan
         keep.extend(fixed)
         for c in keep:
             c.placed_model = c.model
             if c.running is not None:
-                host_of[c.running.placement.gpu_keys] = c
+                hosts.append((c, c.running.placement))
         for c in to_start:
             m = assignment[c.job.id]
             pl = self._place(c, m, free[m], cores)
@@ -776,7 +806,7 @@ class HeteroSrtfPolicy(Policy):
             decisions.append(self._decision(c, pl, m, "shortest predicted remaining time first"))
             c.placed_model = m
             started.add(c.job.id)
-            host_of[pl.gpu_keys] = c
+            hosts.append((c, pl))
         # Work conserving: idle GPUs take the next jobs in key order (guests first in order).
         rest = [c for c in pending if c.job.id not in started and c.job.id not in waiting]
         rest += [g for g in guests if self.preempted(g.job) < self.max_preemptions]
@@ -809,12 +839,12 @@ class HeteroSrtfPolicy(Policy):
                 decisions.append(self._decision(c, pl, m, "an idle GPU, next in key order"))
                 c.placed_model = m
                 started.add(c.job.id)
-                host_of[pl.gpu_keys] = c
+                hosts.append((c, pl))
                 if not any(f.total() for f in free.values()):
                     break
         # 6. Pairs.
         if self.pack:
-            self._pack(pending, started, waiting, host_of, gpu_jobs, specs, cores, decisions)
+            self._pack(pending, started, waiting, hosts, gpu_jobs, specs, cores, decisions)
         for c in pending:
             if c.job.id in started or c.job.id in waiting:
                 continue
@@ -996,23 +1026,32 @@ class HeteroSrtfPolicy(Policy):
     def preempted(self, job: JobSpec) -> int:
         """How often ``job`` was preempted: this object's count, or the caller's
         ``job.params["preemptions"]`` (the live side's attempt history) if larger."""
-        given = job.params.get(PREEMPTIONS_PARAM, 0) if job.params else 0
+        if not job.params:
+            return self.preemptions.get(job.id, 0)
+        given = job.params.get(PREEMPTIONS_PARAM, 0)
         try:
             given = int(given)
         except (TypeError, ValueError):
             given = 0
         return max(self.preemptions.get(job.id, 0), given)
 
-    def _quick_key(self, rj: RunningJob, now: float, models: Sequence[str]) -> float | None:
+    def _quick_key(
+        self, rj: RunningJob, now: float, models: Sequence[str], solos: dict[int, float | None]
+    ) -> float | None:
         """A running job's key from its fastest model's consolidated time (no spread or memory
-        filter): enough to tell that no waiting job could preempt it."""
+        filter): enough to tell that no waiting job could preempt it. ``solos`` caches the
+        fastest time per profile object within a cycle."""
         prof = rj.job.profile
         if prof is None:
             return None
-        times = [t for m, t in prof.gpu_time_s.items() if t > 0 and m in models]
-        if not times:
+        pid = id(prof)
+        if pid in solos:
+            solo = solos[pid]
+        else:
+            times = [t for m, t in prof.gpu_time_s.items() if t > 0 and m in models]
+            solo = solos[pid] = min(times) if times else None
+        if solo is None:
             return None
-        solo = min(times)
         return priority_key(
             remaining_fraction(rj.progress) * solo, solo, now - rj.job.arrival_s, self.aging
         )
@@ -1120,7 +1159,7 @@ class HeteroSrtfPolicy(Policy):
         pending: Sequence[Cand],
         started: set[str],
         waiting: dict[str, str],
-        host_of: dict[tuple[tuple[str, int], ...], Cand],
+        hosts: Sequence[tuple[Cand, Placement]],
         gpu_jobs: Mapping[tuple[str, int], tuple[str, ...]],
         specs: Mapping[str, GpuSpec],
         cores: dict[str, int],
@@ -1131,16 +1170,28 @@ class HeteroSrtfPolicy(Policy):
         Hosts are grouped by (GPU count, model, job type, owner): the pair value depends only
         on that, so each waiting job looks at the groups, not at every host."""
         Key = tuple[tuple[str, int], ...]
+        joiners = [
+            c
+            for c in pending
+            if c.job.id not in started and c.job.id not in waiting and _may_pack(c.job)
+        ]
+        if not joiners:
+            return
+        # Only hosts of a (GPU count, owner) that some waiting job has can be joined.
+        wanted = {(c.gpus, c.job.owner) for c in joiners}
+        mps = {m for m, spec in specs.items() if spec.supports(SharingMode.MPS)}
+        multi = {k for k, ids in gpu_jobs.items() if len(ids) > 1}
+        host_of: dict[Key, Cand] = {}
+        for h, pl in hosts:
+            if (h.gpus, h.job.owner) in wanted and not h.guest and h.placed_model in mps:
+                host_of[pl.gpu_keys] = h
         groups: dict[tuple[int, str, str | None, str | None], list[tuple[Key, Cand]]] = {}
         for keys, h in host_of.items():
             m = h.placed_model
-            if h.guest or m is None or m not in specs:
-                continue
-            if not specs[m].supports(SharingMode.MPS):
-                continue
+            assert m is not None  # in mps
             if h.running is not None and h.running.placement.mode != SharingMode.MPS:
                 continue
-            if any(len(gpu_jobs.get(k, ())) > 1 for k in keys):
+            if multi and any(k in multi for k in keys):
                 continue
             if not _may_pack(h.job):
                 continue
@@ -1155,10 +1206,10 @@ class HeteroSrtfPolicy(Policy):
         # group with a free host that holds its memory (the best pair for it).
         ranked: dict[tuple[str, int, str | None], list[tuple[float, str, str | None]]] = {}
         first: dict[tuple[int, str, str | None, str | None], int] = {}  # first untaken member
-        for c in pending:
+        for c in joiners:
             if left <= 0:
                 break
-            if c.job.id in started or c.job.id in waiting or not _may_pack(c.job):
+            if c.job.id in started:
                 continue
             rkey = (c.job.type_key(), c.gpus, c.job.owner)
             ranking = ranked.get(rkey)
