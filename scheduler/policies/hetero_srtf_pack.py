@@ -20,6 +20,38 @@ from scheduler.policies.hetero_srtf_estimates import pair_value, worth_packing
 from scheduler.policies.hetero_srtf_gpus import fmt_h, may_pack
 
 
+class _Hosts:
+    """The hosts of one group not taken yet, in host order, by the memory their job needs:
+    the first host that holds a job's memory is the first untaken of one of these lists
+    (usually one per group), so a waiting job never walks the hosts too full for it."""
+
+    def __init__(self, members: Sequence[tuple[tuple[tuple[str, int], ...], Cand]]) -> None:
+        self.by_mem: dict[float, list[tuple[int, tuple[tuple[str, int], ...], Cand]]] = {}
+        for order, (keys, h) in enumerate(members):
+            self.by_mem.setdefault(h.job.memory_need_mb(), []).append((order, keys, h))
+        self.next = dict.fromkeys(self.by_mem, 0)
+
+    def first_fit(
+        self, need_mb: float, capacity_mb: float
+    ) -> tuple[float, tuple[tuple[str, int], ...], Cand] | None:
+        """(memory, GPU keys, host) of the first untaken host with room for ``need_mb``."""
+        best: tuple[int, float] | None = None
+        for mem, hosts in self.by_mem.items():
+            i = self.next[mem]
+            if i >= len(hosts) or mem + need_mb > capacity_mb:
+                continue
+            if best is None or hosts[i][0] < best[0]:
+                best = (hosts[i][0], mem)
+        if best is None:
+            return None
+        _, keys, h = self.by_mem[best[1]][self.next[best[1]]]
+        return best[1], keys, h
+
+    def take(self, mem: float) -> None:
+        """The first untaken host needing ``mem`` is taken."""
+        self.next[mem] += 1
+
+
 def pack_waiting(
     pending: Sequence[Cand],
     started: set[str],
@@ -69,13 +101,12 @@ def pack_waiting(
     by_size: dict[int, list[tuple[str, str | None, str | None]]] = {}
     for k, m, t, o in groups:
         by_size.setdefault(k, []).append((m, t, o))
-    taken: set[Key] = set()
+    free_hosts: dict[tuple[int, str, str | None, str | None], _Hosts] = {}
     left = sum(len(v) for v in groups.values())
     # Groups by pair value, best first, per (job type, GPU count, owner): the value depends
     # only on the types and the model, so each waiting job walks its list down to the first
     # group with a free host that holds its memory (the best pair for it).
     ranked: dict[tuple[str, int, str | None], list[tuple[float, str, str | None]]] = {}
-    first: dict[tuple[int, str, str | None, str | None], int] = {}  # first untaken member
     for c in joiners:
         if left <= 0:
             break
@@ -95,29 +126,23 @@ def pack_waiting(
                 ranking.append((pair_value(*norms), m, t))
             ranking.sort(key=lambda x: (-x[0], x[1], x[2] or ""))
             ranked[rkey] = ranking
-        best: tuple[float, Key, Cand, str] | None = None
+        best: tuple[float, Key, Cand, str, _Hosts, float] | None = None
         need_mb = c.job.memory_need_mb()
         for value, m, t in ranking:
             if m not in c.rem:
                 continue
             gkey = (c.gpus, m, t, c.job.owner)
-            members = groups[gkey]
-            i = first.get(gkey, 0)
-            while i < len(members) and members[i][0] in taken:
-                i += 1  # taken hosts stay taken: skip them once for every later job
-            first[gkey] = i
-            for keys, h in members[i:]:
-                if keys in taken:
-                    continue
-                if h.job.memory_need_mb() + need_mb > specs[m].memory_mb:
-                    continue
-                best = (value, keys, h, m)
-                break
-            if best is not None:
+            hosts_of = free_hosts.get(gkey)
+            if hosts_of is None:
+                hosts_of = free_hosts[gkey] = _Hosts(groups[gkey])
+            hit = hosts_of.first_fit(need_mb, specs[m].memory_mb)
+            if hit is not None:
+                mem, keys, h = hit
+                best = (value, keys, h, m, hosts_of, mem)
                 break
         if best is None:
             continue
-        value, keys, h, m = best
+        value, keys, h, m, hosts_of, mem = best
         need = max(1, c.job.cpus)
         nodes = sorted({n for n, _ in keys})
         if any(cores.get(n, 0) < need for n in nodes):
@@ -137,7 +162,7 @@ def pack_waiting(
             cpus=need,
             more=tuple(parts[1:]),
         )
-        taken.add(keys)
+        hosts_of.take(mem)
         left -= 1
         started.add(c.job.id)
         decisions.append(
