@@ -269,29 +269,36 @@ class HeteroSrtfPolicy(Policy):
         n_jobs = len(state.pending) + len(state.running)
         ftf = self.ftf_cap
 
-        spreads: dict[int, dict[str, bool]] = {}  # GPU count -> spread per model
+        # Solo times per model that a job may use, per (profile object, GPU count, memory need,
+        # current model, gang): jobs of one profile share them within a cycle.
+        solo_times: dict[tuple[int, int, float, str | None, bool], list[tuple[str, float]]] = {}
 
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
+            if job.profile is None:
+                return None
             progress = rj.progress if rj is not None else 0.0
             k = max(1, job.gpus)
-            spread = spreads.get(k)
-            if spread is None:
-                spread = spreads[k] = {m: k > max_node.get(m, 0) for m in models}
-            if rj is not None and rj.placement.is_gang:
-                spread = dict(spread)
-                spread[node_model.get(rj.placement.node, "")] = True
-            rem = remaining_times(job, progress, models, spread=spread)
             need = job.memory_need_mb()
             here = node_model.get(rj.placement.node) if rj is not None else None
-            rem = {
-                m: r
-                for m, r in rem.items()
-                if m == here or (counts[m] >= k and specs[m].memory_mb >= need)
-            }
+            gang = rj is not None and rj.placement.is_gang
+            ck = (id(job.profile), k, need, here, gang)
+            times = solo_times.get(ck)
+            if times is None:
+                spread = {m: k > max_node.get(m, 0) for m in models}
+                if rj is not None and gang:
+                    spread[node_model.get(rj.placement.node, "")] = True
+                times = solo_times[ck] = [
+                    (m, t)
+                    for m in models
+                    if (t := job.run_time_s(m, spread=spread[m])) is not None
+                    and t > 0
+                    and (m == here or (counts[m] >= k and specs[m].memory_mb >= need))
+                ]
+            left = remaining_fraction(progress)
+            rem = {m: left * t for m, t in times}  # as remaining_times
             if not rem:
                 return None
             best = min(rem.values())
-            left = remaining_fraction(progress)
             solo_best = best / left if left > 0 else best
             age = now - job.arrival_s
             key = priority_key(best, solo_best, age, self.aging)
