@@ -211,8 +211,8 @@ class HeteroSrtfPolicy(Policy):
         self._specs: dict[str, GpuSpec] = {}
         self._node_cache: dict[str, NodeFacts] = {}
         self._last_idle: dict[str, int] = {}  # idle GPUs per model after the last fast cycle
-        # (job id, node) -> the models faster than the one it runs on
-        self._faster: dict[tuple[str, str], tuple[str, ...]] = {}
+        # job id -> (its node, the models faster than that node's)
+        self._faster: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -621,12 +621,13 @@ class HeteroSrtfPolicy(Policy):
         faster_cache = self._faster
         for rj in state.running:
             pl = rj.placement
-            # Models faster than the one it is on (cached per job and node).
-            fkey = (rj.job.id, pl.node)
-            faster = faster_cache.get(fkey)
-            if faster is None:
+            # Models faster than the one it is on (cached per job while it stays on its node).
+            hit = faster_cache.get(rj.job.id)
+            if hit is not None and hit[0] == pl.node:
+                faster = hit[1]
+            else:
                 faster = self._faster_models(rj, node_model)
-                faster_cache[fkey] = faster
+                faster_cache[rj.job.id] = (pl.node, faster)
             if not faster or room.isdisjoint(faster):
                 continue
             if rj.paused or pl.is_gang or not pl.gpu_indices or rj.job.profile is None:
