@@ -78,25 +78,27 @@ migration, by a new placement in the same plan. Each job's preemptions are count
 object's state, the only state it keeps); a caller that builds a new policy object per cycle
 (the portal) passes the count in ``JobSpec.params["preemptions"]`` for the bound to hold.
 Every decision, action and waiting job is explained.
+
+The steps live beside this module, one idea each: estimates and keys
+(``hetero_srtf_estimates``: steps 1-3), the model assignment (``hetero_srtf_assign``: step 4),
+the free GPUs and the residual snapshot (``hetero_srtf_gpus``: step 5), the pairs
+(``hetero_srtf_pack``: step 6). This module holds the cycle and re-exports their public names.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from scheduler.domain import (
-    SHARING_ALLOWED,
     Action,
     ActionKind,
     ClusterState,
     Decision,
     GpuSpec,
     JobSpec,
-    NodeState,
     Placement,
     PlacementPart,
     Plan,
@@ -105,6 +107,36 @@ from scheduler.domain import (
 )
 from scheduler.policies.base import Policy, PolicyError
 from scheduler.policies.framework import framework_defaults
+from scheduler.policies.hetero_srtf_assign import Cand, assign_models
+from scheduler.policies.hetero_srtf_estimates import (
+    OVERRUN_LEFT,
+    defended_key,
+    isolated_time_s,
+    pair_value,
+    priority_key,
+    remaining_fraction,
+    remaining_times,
+    should_preempt,
+    worth_packing,
+)
+from scheduler.policies.hetero_srtf_gpus import FreeGpus, NodeFacts, fmt_h, may_pack, residual_nodes
+from scheduler.policies.hetero_srtf_pack import pack_waiting
+
+__all__ = [
+    "OVERRUN_LEFT",
+    "PREEMPTIONS_PARAM",
+    "Cand",
+    "HeteroSrtfPolicy",
+    "assign_models",
+    "defended_key",
+    "isolated_time_s",
+    "pair_value",
+    "priority_key",
+    "remaining_fraction",
+    "remaining_times",
+    "should_preempt",
+    "worth_packing",
+]
 
 _INF = math.inf
 #: ``JobSpec.params`` key a caller may set to the job's past preemptions (the live side rebuilds
@@ -113,365 +145,7 @@ PREEMPTIONS_PARAM = "preemptions"
 
 
 # ----------------------------------------------------------------------------------------
-# The pure core (unit-tested one by one)
-
-
-#: A running job that reports all of its declared work done but has not ended overran its
-#: estimate; it is assumed to need this fraction of the declared work again.
-OVERRUN_LEFT = 0.25
-
-
-def remaining_fraction(progress: float) -> float:
-    """Fraction of its declared work a job still needs: ``1 - progress``, or ``OVERRUN_LEFT``
-    once it reports everything done while still running."""
-    return OVERRUN_LEFT if progress >= 1.0 else max(0.0, 1.0 - progress)
-
-
-def remaining_times(
-    job: JobSpec, progress: float, models: Iterable[str], *, spread: Mapping[str, bool] = {}
-) -> dict[str, float]:
-    """Estimated solo seconds left for ``job`` on each model of ``models`` it has a time for:
-    ``remaining_fraction(progress) x`` the profile's time (spread over nodes where
-    ``spread[model]``)."""
-    if job.profile is None:
-        return {}
-    left = remaining_fraction(progress)
-    out = {}
-    for m in models:
-        t = job.run_time_s(m, spread=spread.get(m, False))
-        if t is not None and t > 0:
-            out[m] = left * t
-    return out
-
-
-def priority_key(best_remaining_s: float, solo_best_s: float, age_s: float, aging: float) -> float:
-    """SRTF key with aging: ``best_remaining / (1 + aging x age / solo_best)`` (lower first)."""
-    if solo_best_s <= 0:
-        return best_remaining_s
-    return best_remaining_s / (1.0 + aging * max(0.0, age_s) / solo_best_s)
-
-
-def defended_key(key: float, cost_s: float, margin: float) -> float:
-    """The key a running job defends its GPUs with: ``key x (1 - margin) - cost``."""
-    return key * (1.0 - margin) - cost_s
-
-
-def should_preempt(
-    challenger_key: float,
-    incumbent_key: float,
-    *,
-    cost_s: float,
-    margin: float,
-    preemptions: int,
-    max_preemptions: int,
-) -> bool:
-    """Whether a waiting job with ``challenger_key`` should take a running job's GPUs.
-
-    Only if the running job has been preempted fewer than ``max_preemptions`` times and the
-    challenger beats its defended key (``defended_key``): the swap must pay the restart cost.
-    """
-    if preemptions >= max_preemptions:
-        return False
-    return challenger_key < defended_key(incumbent_key, cost_s, margin)
-
-
-def pair_value(norm_a: float, norm_b: float) -> float:
-    """Throughput of a pair sharing a GPU, in jobs' worth: ``norm_a + norm_b``."""
-    return norm_a + norm_b
-
-
-def worth_packing(norm_a: float, norm_b: float, threshold: float) -> bool:
-    """True if the pair's throughput reaches ``threshold`` (> 0) jobs' worth."""
-    return threshold > 0 and pair_value(norm_a, norm_b) >= threshold
-
-
-def isolated_time_s(
-    times: Mapping[str, float], counts: Mapping[str, int], gpus: int, n: int
-) -> float:
-    """Finish time of a job with solo ``times`` per model on a ``1/n`` share of a cluster of
-    ``counts`` GPUs per model (every model's share at once, Gavel's isolated baseline), never
-    less than its time on its fastest model alone."""
-    rate = sum(counts.get(m, 0) / t for m, t in times.items() if t > 0)
-    if rate <= 0 or not times:
-        return _INF
-    best = min(times.values())
-    return max(best, max(1, n) * max(1, gpus) / rate)
-
-
-@dataclass(slots=True)
-class Cand:
-    """A job in one cycle: running (``running`` set) or pending."""
-
-    job: JobSpec
-    rem: dict[str, float]  # model -> estimated remaining seconds
-    best: float
-    key: float
-    running: RunningJob | None = None
-    model: str | None = None  # current model if running
-    pinned: bool = False  # running and may not be preempted or moved
-    guest: bool = False  # running, joined a GPU with another job (packed)
-    move_cost: float = 0.0  # seconds a running job loses if it moves
-    placed_model: str | None = None  # where it runs after this cycle
-    freed: Placement | None = None  # its old placement, once requeued this cycle
-    stay_bonus: float = 0.0  # seconds a move must save beyond move_cost (margin x remaining)
-    gpus: int = 0  # GPUs it asks (set from the job)
-
-    def __post_init__(self) -> None:
-        self.gpus = max(1, self.job.gpus)
-
-    def cost(self, model: str) -> float:
-        """Relative cost of running on ``model``: its slowdown there (move cost included)."""
-        r = self.rem.get(model)
-        if r is None:
-            return _INF
-        if self.running is not None and model != self.model:
-            if self.pinned:
-                return _INF
-            r += self.move_cost + self.stay_bonus
-        return r / self.best if self.best > 0 else 1.0
-
-
-def assign_models(cands: Sequence[Cand], capacity: Mapping[str, int]) -> dict[str, str]:
-    """Job id -> GPU model for ``cands`` (in priority order) within ``capacity`` GPUs per model.
-
-    Greedy in order (each job takes its cheapest model with room; a job that fits nowhere is
-    left out), then pairwise swaps of same-size jobs between two models, and moves into spare
-    capacity, while they lower the total relative cost (``Cand.cost``).
-    """
-    left = dict(capacity)
-    out: dict[str, str] = {}
-    by_id: dict[str, Cand] = {}
-    for c in cands:
-        best_m, best_cost = None, _INF
-        for m in c.rem:
-            if left.get(m, 0) >= c.gpus:
-                cost = c.cost(m)
-                if cost < best_cost:
-                    best_m, best_cost = m, cost
-        if best_m is not None:
-            out[c.job.id] = best_m
-            by_id[c.job.id] = c
-            left[best_m] -= c.gpus
-    models = sorted(capacity)
-    sizes = sorted({c.gpus for c in by_id.values()})
-    for _ in range(3):
-        groups: dict[tuple[str, int], list[Cand]] = {}
-        for jid, c in by_id.items():
-            groups.setdefault((out[jid], c.gpus), []).append(c)
-        improved = False
-        for g in models:
-            for h in models:
-                if g >= h:
-                    continue
-                for k in sizes:
-                    improved |= _swap(groups, out, left, g, h, k)
-        if not improved:
-            break
-    return out
-
-
-def _swap(
-    groups: dict[tuple[str, int], list[Cand]],
-    out: dict[str, str],
-    left: dict[str, int],
-    g: str,
-    h: str,
-    k: int,
-) -> bool:
-    """Improve the assignment of ``k``-GPU jobs between models ``g`` and ``h`` (moves into
-    spare room, then swaps of the pairs that gain most; see ``assign_models``)."""
-    on_g = groups.get((g, k), [])
-    on_h = groups.get((h, k), [])
-    if not on_g and not on_h:
-        return False
-    # d: what moving to the other model costs (negative: a gain).
-    dg = sorted(((c.cost(h) - c.cost(g), i) for i, c in enumerate(on_g)), key=lambda x: x[0])
-    dh = sorted(((c.cost(g) - c.cost(h), i) for i, c in enumerate(on_h)), key=lambda x: x[0])
-    to_h: list[int] = []
-    to_g: list[int] = []
-    i = j = 0
-    while True:
-        if i < len(dg) and dg[i][0] < -1e-9 and left.get(h, 0) >= k:
-            to_h.append(dg[i][1])
-            left[h] -= k
-            left[g] += k
-            i += 1
-            continue
-        if j < len(dh) and dh[j][0] < -1e-9 and left.get(g, 0) >= k:
-            to_g.append(dh[j][1])
-            left[g] -= k
-            left[h] += k
-            j += 1
-            continue
-        if i < len(dg) and j < len(dh) and dg[i][0] + dh[j][0] < -1e-9:
-            to_h.append(dg[i][1])
-            to_g.append(dh[j][1])
-            i += 1
-            j += 1
-            continue
-        break
-    if not to_h and not to_g:
-        return False
-    moved_h = [on_g[x] for x in to_h]
-    moved_g = [on_h[x] for x in to_g]
-    for c in moved_h:
-        out[c.job.id] = h
-    for c in moved_g:
-        out[c.job.id] = g
-    sh, sg = set(to_h), set(to_g)
-    groups[(g, k)] = [c for x, c in enumerate(on_g) if x not in sh] + moved_g
-    groups[(h, k)] = [c for x, c in enumerate(on_h) if x not in sg] + moved_h
-    return True
-
-
-# ----------------------------------------------------------------------------------------
 # The policy
-
-
-class _NodeFacts:
-    """What the policy reads of one up GPU node (cached per ``NodeState`` object)."""
-
-    __slots__ = ("state", "model", "spec", "size", "idle", "shared")
-
-    def __init__(self, n: NodeState) -> None:
-        self.state = n
-        self.spec = n.gpus[0].spec
-        self.model = self.spec.model
-        self.size = len(n.gpus)
-        self.idle = tuple(g.index for g in n.gpus if not g.job_ids)
-        self.shared = any(len(g.job_ids) > 1 for g in n.gpus)
-
-
-class _Gpus:
-    """Free GPUs of one model: by node, and nodes bucketed by their free count (node order
-    kept within a bucket), so a best fit costs O(GPUs per node), not O(nodes)."""
-
-    def __init__(self) -> None:
-        self.free: dict[str, list[int]] = {}
-        self.buckets: dict[int, dict[str, None]] = {}
-        self.n = 0
-
-    def total(self) -> int:
-        return self.n
-
-    def _move(self, node: str, old: int, new: int) -> None:
-        if old:
-            b = self.buckets[old]
-            del b[node]
-            if not b:
-                del self.buckets[old]
-        if new:
-            self.buckets.setdefault(new, {})[node] = None
-
-    def fill(self, node: str, indices: list[int]) -> None:
-        """Set ``node``'s free GPUs (a node not seen yet)."""
-        if indices:
-            self.free[node] = indices
-            self.n += len(indices)
-            self.buckets.setdefault(len(indices), {})[node] = None
-
-    def add(self, node: str, index: int) -> None:
-        lst = self.free.setdefault(node, [])
-        if index in lst:
-            return
-        lst.append(index)
-        lst.sort()
-        self.n += 1
-        self._move(node, len(lst) - 1, len(lst))
-
-    def take(self, node: str, k: int) -> tuple[int, ...]:
-        lst = self.free[node]
-        idx = tuple(lst[:k])
-        del lst[:k]
-        self.n -= len(idx)
-        self._move(node, len(lst) + len(idx), len(lst))
-        if not lst:
-            del self.free[node]
-        return idx
-
-    def best_fit(self, k: int, ok: Callable[[str], bool]) -> str | None:
-        """The node with the fewest free GPUs, at least ``k``, that ``ok`` accepts."""
-        for count in sorted(c for c in self.buckets if c >= k):
-            for node in self.buckets[count]:
-                if ok(node):
-                    return node
-        return None
-
-    def most_free(self, ok: Callable[[str], bool]) -> list[tuple[int, str]]:
-        """(free count, node) of the nodes ``ok`` accepts, most free first."""
-        out: list[tuple[int, str]] = []
-        for count in sorted(self.buckets, reverse=True):
-            out.extend((count, node) for node in self.buckets[count] if ok(node))
-        return out
-
-
-def _residual(
-    state: ClusterState, requeued: set[str], decisions: Sequence[Decision]
-) -> tuple[NodeState, ...]:
-    """The snapshot's nodes after ``requeued`` jobs left and ``decisions`` were applied."""
-    placed: dict[tuple[str, int], list[tuple[JobSpec | None, Placement]]] = {}
-    cores_used: dict[str, int] = {}
-    freed: dict[str, float] = {}
-    running = {r.job.id: r for r in state.running}
-    for jid in requeued:
-        rj = running.get(jid)
-        if rj is None:
-            continue
-        freed[jid] = rj.job.memory_need_mb()
-        for part in rj.placement.parts:
-            cores_used[part.node] = cores_used.get(part.node, 0) - part.cpus
-    pending = {j.id: j for j in state.pending}
-    pending.update({jid: running[jid].job for jid in requeued if jid in running})
-    for d in decisions:
-        pl = d.placement
-        for part in pl.parts:
-            cores_used[part.node] = cores_used.get(part.node, 0) + part.cpus
-        for key in pl.gpu_keys:
-            placed.setdefault(key, []).append((pending.get(pl.job_id), pl))
-    touched = set(cores_used) | {node for node, _ in placed}
-    gone_keys: set[tuple[str, int]] = set()
-    for jid in requeued:
-        rj = running.get(jid)
-        if rj is not None:
-            gone_keys.update(rj.placement.gpu_keys)
-            touched.update(rj.placement.nodes)
-    out = []
-    for n in state.nodes:
-        if n.name not in touched:
-            out.append(n)
-            continue
-        gpus = []
-        for g in n.gpus:
-            key = (n.name, g.index)
-            new = placed.get(key)
-            if new is None and key not in gone_keys:
-                gpus.append(g)
-                continue
-            new = new or []
-            ids = tuple(j for j in g.job_ids if j not in requeued)
-            mem = g.committed_memory_mb - sum(freed.get(j, 0.0) for j in g.job_ids)
-            ids += tuple(pl.job_id for _, pl in new)
-            mem += sum(j.memory_need_mb() for j, _ in new if j is not None)
-            mode = (new[0][1].mode if new else g.mode) if ids else None
-            gpus.append(replace(g, job_ids=ids, committed_memory_mb=mem, mode=mode))
-        out.append(
-            replace(n, free_cores=n.free_cores - cores_used.get(n.name, 0), gpus=tuple(gpus))
-        )
-    return tuple(out)
-
-
-def _may_pack(job: JobSpec) -> bool:
-    """Whether ``job`` may share a GPU under MPS (the only mode this policy packs in): it
-    allows sharing (``JobSpec.may_share``) and asks for no other mode (docs/jobs.md)."""
-    return job.may_share() and job.sharing in (SHARING_ALLOWED, SharingMode.MPS.value)
-
-
-def _fmt_h(seconds: float) -> str:
-    if math.isnan(seconds):
-        return "an unknown time"
-    if seconds < 3600:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 class HeteroSrtfPolicy(Policy):
@@ -535,9 +209,10 @@ class HeteroSrtfPolicy(Policy):
         self._knowledge: Any = None
         self._max_node: dict[str, int] = {}
         self._specs: dict[str, GpuSpec] = {}
-        self._node_cache: dict[str, _NodeFacts] = {}
+        self._node_cache: dict[str, NodeFacts] = {}
         self._last_idle: dict[str, int] = {}  # idle GPUs per model after the last fast cycle
-        self._faster: dict[str, tuple[str, ...]] = {}  # job id -> models faster than its own
+        # job id -> (its node, the models faster than that node's)
+        self._faster: dict[str, tuple[str, tuple[str, ...]]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -569,7 +244,7 @@ class HeteroSrtfPolicy(Policy):
         free_cores: dict[str, int] = {}
         node_model: dict[str, str] = {}
         max_node: dict[str, int] = {}
-        entries: list[_NodeFacts] = []
+        entries: list[NodeFacts] = []
         any_shared = False
         cache = self._node_cache
         for n in state.nodes:
@@ -577,7 +252,7 @@ class HeteroSrtfPolicy(Policy):
                 continue
             e = cache.get(n.name)
             if e is None or e.state is not n:
-                e = _NodeFacts(n)
+                e = NodeFacts(n)
                 cache[n.name] = e
             entries.append(e)
             m = e.model
@@ -594,24 +269,36 @@ class HeteroSrtfPolicy(Policy):
         n_jobs = len(state.pending) + len(state.running)
         ftf = self.ftf_cap
 
+        # Solo times per model that a job may use, per (profile object, GPU count, memory need,
+        # current model, gang): jobs of one profile share them within a cycle.
+        solo_times: dict[tuple[int, int, float, str | None, bool], list[tuple[str, float]]] = {}
+
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
+            if job.profile is None:
+                return None
             progress = rj.progress if rj is not None else 0.0
             k = max(1, job.gpus)
-            spread = {m: k > max_node.get(m, 0) for m in models}
-            if rj is not None and rj.placement.is_gang:
-                spread[node_model.get(rj.placement.node, "")] = True
-            rem = remaining_times(job, progress, models, spread=spread)
             need = job.memory_need_mb()
             here = node_model.get(rj.placement.node) if rj is not None else None
-            rem = {
-                m: r
-                for m, r in rem.items()
-                if m == here or (counts[m] >= k and specs[m].memory_mb >= need)
-            }
+            gang = rj is not None and rj.placement.is_gang
+            ck = (id(job.profile), k, need, here, gang)
+            times = solo_times.get(ck)
+            if times is None:
+                spread = {m: k > max_node.get(m, 0) for m in models}
+                if rj is not None and gang:
+                    spread[node_model.get(rj.placement.node, "")] = True
+                times = solo_times[ck] = [
+                    (m, t)
+                    for m in models
+                    if (t := job.run_time_s(m, spread=spread[m])) is not None
+                    and t > 0
+                    and (m == here or (counts[m] >= k and specs[m].memory_mb >= need))
+                ]
+            left = remaining_fraction(progress)
+            rem = {m: left * t for m, t in times}  # as remaining_times
             if not rem:
                 return None
             best = min(rem.values())
-            left = remaining_fraction(progress)
             solo_best = best / left if left > 0 else best
             age = now - job.arrival_s
             key = priority_key(best, solo_best, age, self.aging)
@@ -633,7 +320,7 @@ class HeteroSrtfPolicy(Policy):
             else:
                 pending.append(c)
         pending.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
-        free: dict[str, _Gpus] = {m: _Gpus() for m in models}
+        free: dict[str, FreeGpus] = {m: FreeGpus() for m in models}
         for e in entries:
             if e.idle:
                 free[e.model].fill(e.state.name, list(e.idle))
@@ -655,20 +342,23 @@ class HeteroSrtfPolicy(Policy):
         # Above replan_limit running jobs, the ones no waiting job could preempt keep their
         # GPUs and model without a full estimate (bounded work on large clusters).
         bounded = ftf <= 0 and len(state.running) > self.replan_limit
+        multi = {key for key, ids in gpu_jobs.items() if len(ids) > 1}  # GPUs shared now
+        solos: dict[int, float | None] = {}  # id(profile) -> its fastest time (quick keys)
+        modes = (SharingMode.MPS, SharingMode.EXCLUSIVE)
         for rj in state.running:
-            if rj.paused or not rj.placement.gpu_indices:
+            rpl = rj.placement
+            if rj.paused or not rpl.gpu_indices:
                 continue
-            if rj.placement.mode not in (SharingMode.MPS, SharingMode.EXCLUSIVE):
+            if rpl.mode not in modes:
                 continue  # time-sliced or MIG by someone else: left alone
-            shared = any(
-                len(gpu_jobs.get(key, ())) > 1 and gpu_jobs[key][0] != rj.job.id
-                for key in rj.placement.gpu_keys
+            shared = bool(multi) and any(
+                key in multi and gpu_jobs[key][0] != rj.job.id for key in rpl.gpu_keys
             )
-            here = node_model.get(rj.placement.node)
+            here = node_model.get(rpl.node)
             pinned = self.preempted(rj.job) >= self.max_preemptions
             if bounded and not shared and here is not None:
                 # A job no waiting job could preempt keeps its GPUs without a full estimate.
-                quick = self._quick_key(rj, now, models)
+                quick = self._quick_key(rj, now, models, solos)
                 if quick is not None and (
                     pinned or defended_key(quick, self.cost_s, self.margin) <= min_pending
                 ):
@@ -698,8 +388,7 @@ class HeteroSrtfPolicy(Policy):
                 return (defended_key(c.key, self.cost_s, self.margin), 0, c.job.arrival_s, c.job.id)
             return (c.key, 1, c.job.arrival_s, c.job.id)
 
-        ordered = sorted(running, key=rank) + pending  # pending already sorted
-        ordered.sort(key=rank)
+        ordered = sorted(running + pending, key=rank)  # job ids break every tie
         cap_left = sum(capacity.values())
         chosen: list[Cand] = []
         for c in ordered:
@@ -743,11 +432,11 @@ class HeteroSrtfPolicy(Policy):
                 to_start.append(c)
             why = (
                 f"moved from {c.model} to {target} (about "
-                f"{_fmt_h(c.rem.get(c.model or '', math.nan))} "
-                f"left there, {_fmt_h(c.rem[target])} on {target})"
+                f"{fmt_h(c.rem.get(c.model or '', math.nan))} "
+                f"left there, {fmt_h(c.rem[target])} on {target})"
                 if target is not None
                 else "preempted for shorter jobs (its key "
-                f"{_fmt_h(c.key)}; remaining about {_fmt_h(c.best)})"
+                f"{fmt_h(c.key)}; remaining about {fmt_h(c.best)})"
             )
             self._requeue(c, why, actions, free, gpu_jobs)
         # Jobs that wait (chosen but not placed) must not cause preemptions above; a freed GPU
@@ -758,25 +447,25 @@ class HeteroSrtfPolicy(Policy):
         to_start.sort(key=lambda c: (-c.gpus, rank(c)))
         cores = dict(free_cores)
         started: set[str] = set()
-        host_of: dict[tuple[tuple[str, int], ...], Cand] = {}
+        hosts: list[tuple[Cand, Placement]] = []  # jobs on their GPUs after the plan
         keep.extend(fixed)
         for c in keep:
             c.placed_model = c.model
             if c.running is not None:
-                host_of[c.running.placement.gpu_keys] = c
+                hosts.append((c, c.running.placement))
         for c in to_start:
             m = assignment[c.job.id]
             pl = self._place(c, m, free[m], cores)
             if pl is None:
                 waiting[c.job.id] = (
-                    f"{c.gpus} GPU(s) of {m} chosen for it (key {_fmt_h(c.key)}) are not free "
+                    f"{c.gpus} GPU(s) of {m} chosen for it (key {fmt_h(c.key)}) are not free "
                     "together on few enough nodes yet"
                 )
                 continue
             decisions.append(self._decision(c, pl, m, "shortest predicted remaining time first"))
             c.placed_model = m
             started.add(c.job.id)
-            host_of[pl.gpu_keys] = c
+            hosts.append((c, pl))
         # Work conserving: idle GPUs take the next jobs in key order (guests first in order).
         rest = [c for c in pending if c.job.id not in started and c.job.id not in waiting]
         rest += [g for g in guests if self.preempted(g.job) < self.max_preemptions]
@@ -809,18 +498,30 @@ class HeteroSrtfPolicy(Policy):
                 decisions.append(self._decision(c, pl, m, "an idle GPU, next in key order"))
                 c.placed_model = m
                 started.add(c.job.id)
-                host_of[pl.gpu_keys] = c
+                hosts.append((c, pl))
                 if not any(f.total() for f in free.values()):
                     break
         # 6. Pairs.
         if self.pack:
-            self._pack(pending, started, waiting, host_of, gpu_jobs, specs, cores, decisions)
+            pack_waiting(
+                pending,
+                started,
+                waiting,
+                hosts,
+                gpu_jobs,
+                specs,
+                cores,
+                decisions,
+                pair_norms=self._pair_norms,
+                threshold=self.pack_threshold,
+                policy=self.name,
+            )
         for c in pending:
             if c.job.id in started or c.job.id in waiting:
                 continue
             waiting[c.job.id] = (
-                f"queued by shortest predicted remaining time: key {_fmt_h(c.key)} "
-                f"(about {_fmt_h(c.best)} left on its fastest model); shorter or older jobs "
+                f"queued by shortest predicted remaining time: key {fmt_h(c.key)} "
+                f"(about {fmt_h(c.best)} left on its fastest model); shorter or older jobs "
                 "hold every GPU"
             )
         # Multi-GPU jobs left waiting: the framework says what they miss (whole nodes, GPUs
@@ -843,7 +544,7 @@ class HeteroSrtfPolicy(Policy):
             )
             rest_state = ClusterState(
                 now_s=now,
-                nodes=_residual(state, requeued, decisions),
+                nodes=residual_nodes(state, requeued, decisions),
                 pending=tuple(sorted(others, key=lambda j: (j.arrival_s, j.id))),
                 running=tuple(r for r in state.running if r.job.id not in requeued) + placed_now,
             )
@@ -869,7 +570,7 @@ class HeteroSrtfPolicy(Policy):
         self,
         state: ClusterState,
         pending: Sequence[Cand],
-        free: dict[str, _Gpus],
+        free: dict[str, FreeGpus],
         free_cores: Mapping[str, int],
         node_model: Mapping[str, str],
         models: Sequence[str],
@@ -906,7 +607,7 @@ class HeteroSrtfPolicy(Policy):
     def _fast_moves(
         self,
         state: ClusterState,
-        free: dict[str, _Gpus],
+        free: dict[str, FreeGpus],
         cores: dict[str, int],
         node_model: Mapping[str, str],
         decisions: list[Decision],
@@ -920,12 +621,13 @@ class HeteroSrtfPolicy(Policy):
         faster_cache = self._faster
         for rj in state.running:
             pl = rj.placement
-            # Models faster than the one it is on (cached per job and node).
-            fkey = f"{rj.job.id}@{pl.node}"
-            faster = faster_cache.get(fkey)
-            if faster is None:
+            # Models faster than the one it is on (cached per job while it stays on its node).
+            hit = faster_cache.get(rj.job.id)
+            if hit is not None and hit[0] == pl.node:
+                faster = hit[1]
+            else:
                 faster = self._faster_models(rj, node_model)
-                faster_cache[fkey] = faster
+                faster_cache[rj.job.id] = (pl.node, faster)
             if not faster or room.isdisjoint(faster):
                 continue
             if rj.paused or pl.is_gang or not pl.gpu_indices or rj.job.profile is None:
@@ -981,8 +683,8 @@ class HeteroSrtfPolicy(Policy):
                 gpu_jobs.setdefault(key, (rj.job.id,))
             self._requeue(
                 c,
-                f"moved from {c.model} to {m}: about {_fmt_h(c.rem.get(c.model or '', math.nan))} "
-                f"left there, {_fmt_h(c.rem[m])} on {m}",
+                f"moved from {c.model} to {m}: about {fmt_h(c.rem.get(c.model or '', math.nan))} "
+                f"left there, {fmt_h(c.rem[m])} on {m}",
                 actions,
                 free,
                 gpu_jobs,
@@ -996,23 +698,32 @@ class HeteroSrtfPolicy(Policy):
     def preempted(self, job: JobSpec) -> int:
         """How often ``job`` was preempted: this object's count, or the caller's
         ``job.params["preemptions"]`` (the live side's attempt history) if larger."""
-        given = job.params.get(PREEMPTIONS_PARAM, 0) if job.params else 0
+        if not job.params:
+            return self.preemptions.get(job.id, 0)
+        given = job.params.get(PREEMPTIONS_PARAM, 0)
         try:
             given = int(given)
         except (TypeError, ValueError):
             given = 0
         return max(self.preemptions.get(job.id, 0), given)
 
-    def _quick_key(self, rj: RunningJob, now: float, models: Sequence[str]) -> float | None:
+    def _quick_key(
+        self, rj: RunningJob, now: float, models: Sequence[str], solos: dict[int, float | None]
+    ) -> float | None:
         """A running job's key from its fastest model's consolidated time (no spread or memory
-        filter): enough to tell that no waiting job could preempt it."""
+        filter): enough to tell that no waiting job could preempt it. ``solos`` caches the
+        fastest time per profile object within a cycle."""
         prof = rj.job.profile
         if prof is None:
             return None
-        times = [t for m, t in prof.gpu_time_s.items() if t > 0 and m in models]
-        if not times:
+        pid = id(prof)
+        if pid in solos:
+            solo = solos[pid]
+        else:
+            times = [t for m, t in prof.gpu_time_s.items() if t > 0 and m in models]
+            solo = solos[pid] = min(times) if times else None
+        if solo is None:
             return None
-        solo = min(times)
         return priority_key(
             remaining_fraction(rj.progress) * solo, solo, now - rj.job.arrival_s, self.aging
         )
@@ -1031,7 +742,7 @@ class HeteroSrtfPolicy(Policy):
         c: Cand,
         why: str,
         actions: list[Action],
-        free: dict[str, _Gpus],
+        free: dict[str, FreeGpus],
         gpu_jobs: dict[tuple[str, int], tuple[str, ...]],
     ) -> None:
         rj = c.running
@@ -1050,7 +761,9 @@ class HeteroSrtfPolicy(Policy):
         c.guest = False
         c.freed = rj.placement
 
-    def _place(self, c: Cand, model: str, gpus: _Gpus, cores: dict[str, int]) -> Placement | None:
+    def _place(
+        self, c: Cand, model: str, gpus: FreeGpus, cores: dict[str, int]
+    ) -> Placement | None:
         """Take ``c.gpus`` free GPUs of ``model``: one node (fullest fitting), else a gang."""
         k = c.gpus
         need = max(1, c.job.cpus)
@@ -1063,7 +776,7 @@ class HeteroSrtfPolicy(Policy):
             self.pack
             and spec is not None
             and spec.supports(SharingMode.MPS)
-            and _may_pack(c.job)  # else a GPU of its own: nobody joins it
+            and may_pack(c.job)  # else a GPU of its own: nobody joins it
         )
         mode = SharingMode.MPS if mps else SharingMode.EXCLUSIVE
 
@@ -1107,125 +820,10 @@ class HeteroSrtfPolicy(Policy):
         spread = f" over {len(pl.parts)} nodes" if pl.is_gang else ""
         where = "+".join(f"{p.node}/gpu{','.join(map(str, p.gpu_indices))}" for p in pl.parts)
         text = (
-            f"{why}: key {_fmt_h(c.key)}, about {_fmt_h(there)} left on {model}{spread}"
+            f"{why}: key {fmt_h(c.key)}, about {fmt_h(there)} left on {model}{spread}"
             f"{vs}; placed on {where}"
         )
         own = c.job.whole_gpu_reason()
         if own is not None and self.pack:
             text += f"; whole GPUs of its own: {own}"
         return Decision(pl, self.name, text, score=c.key)
-
-    def _pack(
-        self,
-        pending: Sequence[Cand],
-        started: set[str],
-        waiting: dict[str, str],
-        host_of: dict[tuple[tuple[str, int], ...], Cand],
-        gpu_jobs: Mapping[tuple[str, int], tuple[str, ...]],
-        specs: Mapping[str, GpuSpec],
-        cores: dict[str, int],
-        decisions: list[Decision],
-    ) -> None:
-        """Step 6 of the module docstring: waiting jobs join single-job GPUs (best pair).
-
-        Hosts are grouped by (GPU count, model, job type, owner): the pair value depends only
-        on that, so each waiting job looks at the groups, not at every host."""
-        Key = tuple[tuple[str, int], ...]
-        groups: dict[tuple[int, str, str | None, str | None], list[tuple[Key, Cand]]] = {}
-        for keys, h in host_of.items():
-            m = h.placed_model
-            if h.guest or m is None or m not in specs:
-                continue
-            if not specs[m].supports(SharingMode.MPS):
-                continue
-            if h.running is not None and h.running.placement.mode != SharingMode.MPS:
-                continue
-            if any(len(gpu_jobs.get(k, ())) > 1 for k in keys):
-                continue
-            if not _may_pack(h.job):
-                continue
-            groups.setdefault((h.gpus, m, h.job.job_type, h.job.owner), []).append((keys, h))
-        by_size: dict[int, list[tuple[str, str | None, str | None]]] = {}
-        for k, m, t, o in groups:
-            by_size.setdefault(k, []).append((m, t, o))
-        taken: set[Key] = set()
-        left = sum(len(v) for v in groups.values())
-        # Groups by pair value, best first, per (job type, GPU count, owner): the value depends
-        # only on the types and the model, so each waiting job walks its list down to the first
-        # group with a free host that holds its memory (the best pair for it).
-        ranked: dict[tuple[str, int, str | None], list[tuple[float, str, str | None]]] = {}
-        first: dict[tuple[int, str, str | None, str | None], int] = {}  # first untaken member
-        for c in pending:
-            if left <= 0:
-                break
-            if c.job.id in started or c.job.id in waiting or not _may_pack(c.job):
-                continue
-            rkey = (c.job.type_key(), c.gpus, c.job.owner)
-            ranking = ranked.get(rkey)
-            if ranking is None:
-                ranking = []
-                for m, t, owner in by_size.get(c.gpus, ()):
-                    if owner != c.job.owner:
-                        continue
-                    members = groups[(c.gpus, m, t, owner)]
-                    norms = self._pair_norms(c.job, members[0][1].job, specs[m])
-                    if norms is None or not worth_packing(norms[0], norms[1], self.pack_threshold):
-                        continue
-                    ranking.append((pair_value(*norms), m, t))
-                ranking.sort(key=lambda x: (-x[0], x[1], x[2] or ""))
-                ranked[rkey] = ranking
-            best: tuple[float, Key, Cand, str] | None = None
-            need_mb = c.job.memory_need_mb()
-            for value, m, t in ranking:
-                if m not in c.rem:
-                    continue
-                gkey = (c.gpus, m, t, c.job.owner)
-                members = groups[gkey]
-                i = first.get(gkey, 0)
-                while i < len(members) and members[i][0] in taken:
-                    i += 1  # taken hosts stay taken: skip them once for every later job
-                first[gkey] = i
-                for keys, h in members[i:]:
-                    if keys in taken:
-                        continue
-                    if h.job.memory_need_mb() + need_mb > specs[m].memory_mb:
-                        continue
-                    best = (value, keys, h, m)
-                    break
-                if best is not None:
-                    break
-            if best is None:
-                continue
-            value, keys, h, m = best
-            need = max(1, c.job.cpus)
-            nodes = sorted({n for n, _ in keys})
-            if any(cores.get(n, 0) < need for n in nodes):
-                continue
-            by_node: dict[str, list[int]] = {}
-            for n, i in keys:
-                by_node.setdefault(n, []).append(i)
-            order = list(dict.fromkeys(n for n, _ in keys))
-            parts = [PlacementPart(n, tuple(by_node[n]), need) for n in order]
-            for n in order:
-                cores[n] -= need
-            pl = Placement(
-                c.job.id,
-                parts[0].node,
-                parts[0].gpu_indices,
-                mode=SharingMode.MPS,
-                cpus=need,
-                more=tuple(parts[1:]),
-            )
-            taken.add(keys)
-            left -= 1
-            started.add(c.job.id)
-            decisions.append(
-                Decision(
-                    pl,
-                    self.name,
-                    f"packed next to job {h.job.id} on {m} under MPS: estimated pair throughput "
-                    f"{value:.2f} jobs' worth (measured pair) >= {self.pack_threshold:.2f}; "
-                    f"key {_fmt_h(c.key)}",
-                    score=c.key,
-                )
-            )

@@ -1,0 +1,177 @@
+"""``hetero_srtf``'s pairs (step 6 of ``scheduler.policies.hetero_srtf``): a job still waiting
+joins a GPU (set) that runs exactly one job of the same GPU count, owner and model under MPS
+when the estimated pair throughput reaches the threshold, the best pair first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from scheduler.domain import (
+    Decision,
+    GpuSpec,
+    JobSpec,
+    Placement,
+    PlacementPart,
+    SharingMode,
+)
+from scheduler.policies.hetero_srtf_assign import Cand
+from scheduler.policies.hetero_srtf_estimates import pair_value, worth_packing
+from scheduler.policies.hetero_srtf_gpus import fmt_h, may_pack
+
+
+class _Hosts:
+    """The hosts of one group not taken yet, in host order, by the memory their job needs:
+    the first host that holds a job's memory is the first untaken of one of these lists
+    (usually one per group), so a waiting job never walks the hosts too full for it."""
+
+    def __init__(self, members: Sequence[tuple[tuple[tuple[str, int], ...], Cand]]) -> None:
+        self.by_mem: dict[float, list[tuple[int, tuple[tuple[str, int], ...], Cand]]] = {}
+        for order, (keys, h) in enumerate(members):
+            self.by_mem.setdefault(h.job.memory_need_mb(), []).append((order, keys, h))
+        self.next = dict.fromkeys(self.by_mem, 0)
+
+    def first_fit(
+        self, need_mb: float, capacity_mb: float
+    ) -> tuple[float, tuple[tuple[str, int], ...], Cand] | None:
+        """(memory, GPU keys, host) of the first untaken host with room for ``need_mb``."""
+        best: tuple[int, float] | None = None
+        for mem, hosts in self.by_mem.items():
+            i = self.next[mem]
+            if i >= len(hosts) or mem + need_mb > capacity_mb:
+                continue
+            if best is None or hosts[i][0] < best[0]:
+                best = (hosts[i][0], mem)
+        if best is None:
+            return None
+        _, keys, h = self.by_mem[best[1]][self.next[best[1]]]
+        return best[1], keys, h
+
+    def take(self, mem: float) -> None:
+        """The first untaken host needing ``mem`` is taken."""
+        self.next[mem] += 1
+
+
+def pack_waiting(
+    pending: Sequence[Cand],
+    started: set[str],
+    waiting: dict[str, str],
+    hosts: Sequence[tuple[Cand, Placement]],
+    gpu_jobs: Mapping[tuple[str, int], tuple[str, ...]],
+    specs: Mapping[str, GpuSpec],
+    cores: dict[str, int],
+    decisions: list[Decision],
+    *,
+    pair_norms: Callable[[JobSpec, JobSpec, GpuSpec], tuple[float, float] | None],
+    threshold: float,
+    policy: str,
+) -> None:
+    """Step 6 of ``scheduler.policies.hetero_srtf``: waiting jobs join single-job GPUs (best
+    pair); ``pair_norms`` gives the two jobs' co-run speeds on a model (None: not packed).
+
+    Hosts are grouped by (GPU count, model, job type, owner): the pair value depends only
+    on that, so each waiting job looks at the groups, not at every host."""
+    Key = tuple[tuple[str, int], ...]
+    joiners = [
+        c
+        for c in pending
+        if c.job.id not in started and c.job.id not in waiting and may_pack(c.job)
+    ]
+    if not joiners:
+        return
+    # Only hosts of a (GPU count, owner) that some waiting job has can be joined.
+    wanted = {(c.gpus, c.job.owner) for c in joiners}
+    mps = {m for m, spec in specs.items() if spec.supports(SharingMode.MPS)}
+    multi = {k for k, ids in gpu_jobs.items() if len(ids) > 1}
+    host_of: dict[Key, Cand] = {}
+    for h, pl in hosts:
+        if (h.gpus, h.job.owner) in wanted and not h.guest and h.placed_model in mps:
+            host_of[pl.gpu_keys] = h
+    groups: dict[tuple[int, str, str | None, str | None], list[tuple[Key, Cand]]] = {}
+    for keys, h in host_of.items():
+        m = h.placed_model
+        assert m is not None  # in mps
+        if h.running is not None and h.running.placement.mode != SharingMode.MPS:
+            continue
+        if multi and any(k in multi for k in keys):
+            continue
+        if not may_pack(h.job):
+            continue
+        groups.setdefault((h.gpus, m, h.job.job_type, h.job.owner), []).append((keys, h))
+    by_size: dict[int, list[tuple[str, str | None, str | None]]] = {}
+    for k, m, t, o in groups:
+        by_size.setdefault(k, []).append((m, t, o))
+    free_hosts: dict[tuple[int, str, str | None, str | None], _Hosts] = {}
+    left = sum(len(v) for v in groups.values())
+    # Groups by pair value, best first, per (job type, GPU count, owner): the value depends
+    # only on the types and the model, so each waiting job walks its list down to the first
+    # group with a free host that holds its memory (the best pair for it).
+    ranked: dict[tuple[str, int, str | None], list[tuple[float, str, str | None]]] = {}
+    for c in joiners:
+        if left <= 0:
+            break
+        if c.job.id in started:
+            continue
+        rkey = (c.job.type_key(), c.gpus, c.job.owner)
+        ranking = ranked.get(rkey)
+        if ranking is None:
+            ranking = []
+            for m, t, owner in by_size.get(c.gpus, ()):
+                if owner != c.job.owner:
+                    continue
+                members = groups[(c.gpus, m, t, owner)]
+                norms = pair_norms(c.job, members[0][1].job, specs[m])
+                if norms is None or not worth_packing(norms[0], norms[1], threshold):
+                    continue
+                ranking.append((pair_value(*norms), m, t))
+            ranking.sort(key=lambda x: (-x[0], x[1], x[2] or ""))
+            ranked[rkey] = ranking
+        best: tuple[float, Key, Cand, str, _Hosts, float] | None = None
+        need_mb = c.job.memory_need_mb()
+        for value, m, t in ranking:
+            if m not in c.rem:
+                continue
+            gkey = (c.gpus, m, t, c.job.owner)
+            hosts_of = free_hosts.get(gkey)
+            if hosts_of is None:
+                hosts_of = free_hosts[gkey] = _Hosts(groups[gkey])
+            hit = hosts_of.first_fit(need_mb, specs[m].memory_mb)
+            if hit is not None:
+                mem, keys, h = hit
+                best = (value, keys, h, m, hosts_of, mem)
+                break
+        if best is None:
+            continue
+        value, keys, h, m, hosts_of, mem = best
+        need = max(1, c.job.cpus)
+        nodes = sorted({n for n, _ in keys})
+        if any(cores.get(n, 0) < need for n in nodes):
+            continue
+        by_node: dict[str, list[int]] = {}
+        for n, i in keys:
+            by_node.setdefault(n, []).append(i)
+        order = list(dict.fromkeys(n for n, _ in keys))
+        parts = [PlacementPart(n, tuple(by_node[n]), need) for n in order]
+        for n in order:
+            cores[n] -= need
+        pl = Placement(
+            c.job.id,
+            parts[0].node,
+            parts[0].gpu_indices,
+            mode=SharingMode.MPS,
+            cpus=need,
+            more=tuple(parts[1:]),
+        )
+        hosts_of.take(mem)
+        left -= 1
+        started.add(c.job.id)
+        decisions.append(
+            Decision(
+                pl,
+                policy,
+                f"packed next to job {h.job.id} on {m} under MPS: estimated pair throughput "
+                f"{value:.2f} jobs' worth (measured pair) >= {threshold:.2f}; "
+                f"key {fmt_h(c.key)}",
+                score=c.key,
+            )
+        )
