@@ -228,11 +228,18 @@ def _span(row: Mapping[str, Any], m: str, scale: float, fmt: str) -> str:
     return f"{med:{fmt}} [{lo:{fmt}}-{hi:{fmt}}]"
 
 
+def _ratios(g: pd.DataFrame, column: str) -> list[str]:
+    """The ratio column as text; "-" where the run had no peer to compare with."""
+    if column not in g:
+        return ["-"] * len(g)
+    return [f"{v:.2f}" for v in g[column]]
+
+
 def format_peers(summary: pd.DataFrame) -> str:
     """The per-trace tables as text (JCTs and makespans in hours)."""
     lines: list[str] = []
     for tname, g in summary.groupby("trace", sort=False):
-        best = g["best_peer"].iloc[0] if "best_peer" in g else "?"
+        best = g["best_peer"].iloc[0] if "best_peer" in g else "none (no peer in the run)"
         lines.append(f"== {tname} (best peer by median avg JCT: {best}; times in hours, "
                      f"median [min-max] over {int(g['seeds'].max())} seeds)")  # fmt: skip
         table = pd.DataFrame(
@@ -252,9 +259,9 @@ def format_peers(summary: pd.DataFrame) -> str:
                     )
                     for _, r in g.iterrows()
                 ],
-                "jct_x": g.get("avg_jct_s_vs_best_peer", np.nan).map("{:.2f}".format),
-                "p99_x": g.get("p99_jct_s_vs_best_peer", np.nan).map("{:.2f}".format),
-                "mksp_x": g.get("makespan_s_vs_best_peer", np.nan).map("{:.2f}".format),
+                "jct_x": _ratios(g, "avg_jct_s_vs_best_peer"),
+                "p99_x": _ratios(g, "p99_jct_s_vs_best_peer"),
+                "mksp_x": _ratios(g, "makespan_s_vs_best_peer"),
             }
         )
         lines.append(table.to_string(index=False))

@@ -104,3 +104,12 @@ def test_command_line_refuses_unknown_policies_and_seeds():
         peers.main(["--policies", "nope", "--quiet"])
     with pytest.raises(SystemExit):
         peers.main(["--seeds", "0", "--quiet"])
+
+
+def test_a_run_without_a_peer_prints_its_table_without_ratios():
+    runs = pd.DataFrame([_run("t", "ours", "ours", 0, 80.0), _run("t", "fifo", "ours", 0, 90.0)])
+    text = peers.format_peers(peers.summarize_peers(runs))
+    assert "best peer by median avg JCT: none (no peer in the run)" in text
+    rows = [line.split() for line in text.splitlines()[2:] if line.strip()]
+    assert [r[0] for r in rows] == ["ours", "fifo"]
+    assert all(r[-3:] == ["-", "-", "-"] for r in rows), text
