@@ -549,10 +549,8 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             errors.setdefault(name, []).extend(messages)
         request = self.context.get("request")
         if request is not None and "project" not in errors:
-            from portal.teams.services import project_for_submission
-
             try:
-                project_for_submission(request.user, values.get("project"))
+                services.submission_project(request.user, values.get("project"))
             except DjangoValidationError as exc:
                 errors["project"] = exc.message_dict["project"]
         if errors:
