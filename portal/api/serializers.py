@@ -1,214 +1,84 @@
 """Request and response shapes of the REST API. Type checks only: business rules are in
-``portal.core.services`` (called from here so type and rule errors come back together)."""
+``portal.core.services`` (called from here so type and rule errors come back together).
+
+The job serializers live here; the shared field types in ``portal.api.fields``, the profile
+ones in ``portal.api.profile_serializers``, the cluster ones in
+``portal.api.cluster_serializers``. Every name stays importable from this module."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from portal.core import jobcontrol, selectors, services, validation
-from portal.core.adapters import derived_classes
-from portal.core.importers import FORMATS, ProfileImportError, validate_profile_mapping
-from portal.core.models import (
-    JOB_KINDS,
-    ApplicationProfile,
-    ElasticChange,
-    Gpu,
-    Job,
-    JobEvent,
-    Node,
+from portal.api.cluster_serializers import (
+    GpuSerializer,
+    MeSerializer,
+    NodeDownResultSerializer,
+    NodeOperationSerializer,
+    NodeSerializer,
 )
-
-
-class RejectUnknownFieldsMixin:
-    """A typo in a CI job file (``gpu``, ``comand``) is a 400 naming the field, not silently
-    ignored. Read-only response fields sent back in a request are rejected the same way."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if isinstance(data, dict):
-            writable = {name for name, f in self.fields.items() if not f.read_only}
-            unknown = sorted(set(data) - writable)
-            if unknown:
-                allowed = ", ".join(sorted(writable))
-                self._unknown_errors = {
-                    name: [f"unknown field; the writable fields are: {allowed}"] for name in unknown
-                }
-            else:
-                self._unknown_errors = {}
-        return super().to_internal_value(data)
-
-
-def _bounded_int(name: str, **kwargs: Any) -> serializers.IntegerField:
-    """An integer field within ``validation.LIMITS[name]`` (the range in the schema, too)."""
-    low, high = validation.LIMITS[name]
-    return serializers.IntegerField(min_value=low, max_value=high, **kwargs)
-
-
-class JsonObjectField(serializers.DictField):
-    """A JSON object bounded in depth and size, with clean text and finite numbers only."""
-
-    def to_internal_value(self, data: Any) -> dict[str, Any]:
-        value = super().to_internal_value(data)
-        problem = validation.json_error(value)
-        if problem:
-            raise serializers.ValidationError(problem)
-        return value
-
-
-@extend_schema_field(
-    {
-        "oneOf": [{"type": "integer"}, {"type": "string"}],
-        "nullable": True,
-        "description": "profile id, name, or name:version",
-    }
+from portal.api.fields import (
+    ArrayField,
+    DependenciesField,
+    JsonObjectField,
+    OutputPathField,
+    ProfileRefField,
+    RejectUnknownFieldsMixin,
+    TimeLimitField,
+    _bounded_int,
 )
-class ProfileRefField(serializers.Field):
-    """An approved profile by id (``7``, ``"7"``), name (``"LAMMPS"``, when one version is
-    approved) or ``"name:version"``; represented by its id."""
-
-    def to_representation(self, value: Any) -> int | None:
-        return None if value is None else value.pk
-
-    def get_attribute(self, instance: Any) -> Any:
-        return instance.profile
-
-    def to_internal_value(self, data: Any) -> ApplicationProfile:
-        if isinstance(data, bool) or not isinstance(data, int | str):
-            raise serializers.ValidationError("give a profile id or name")
-        text = str(data).strip()
-        if isinstance(data, int) or text.isdigit():
-            if not 0 < int(text) <= validation.DB_INT_MAX:
-                raise serializers.ValidationError(f"no profile has id {text}")
-            profile = ApplicationProfile.objects.filter(pk=int(text)).first()
-            if profile is None:
-                raise serializers.ValidationError(f"no profile has id {text}")
-            return profile
-        problem = validation.text_error(text)
-        if problem or not text or len(text) > 200:
-            raise serializers.ValidationError(problem or "give a profile id or name")
-        name, _, version = text.partition(":")
-        rows = ApplicationProfile.objects.filter(name__iexact=name.strip())
-        if version:
-            rows = rows.filter(version=version.strip())
-        approved = [p for p in rows if p.status == ApplicationProfile.Status.APPROVED]
-        if len(approved) == 1:
-            return approved[0]
-        if len(approved) > 1:
-            versions = ", ".join(f"{p.name}:{p.version} (id {p.pk})" for p in approved)
-            raise serializers.ValidationError(
-                f"several approved versions: {versions}; give the id or name:version"
-            )
-        if rows:
-            return rows[0]  # not approved: the business rules say so, naming its status
-        raise serializers.ValidationError(f"no profile is named {text!r}")
-
-
-@extend_schema_field(
-    {
-        "oneOf": [{"type": "integer"}, {"type": "string"}],
-        "nullable": True,
-        "description": (
-            "time limit per attempt: seconds (7200), a number with a unit (90s, 30m, 2h, 1d) or "
-            "[D-]HH:MM:SS (1-00:00:00); read back in seconds. Past it the job is stopped "
-            "(SIGTERM, then SIGKILL after the grace) and ends FAILED, reason 'time limit'. "
-            "Blank: the profile's default time limit, if any"
-        ),
-    }
+from portal.api.profile_serializers import (
+    GpuTimesField,
+    ImportErrorSerializer,
+    ImportResultSerializer,
+    MemoryStepSerializer,
+    ProfileImportSerializer,
+    ProfileSerializer,
+    RawTextField,
+    RowErrorSerializer,
 )
-class TimeLimitField(serializers.Field):
-    """A duration in any form of ``scheduler.durations``; represented in seconds."""
+from portal.core import selectors, services, validation
+from portal.core.models import JOB_KINDS, ElasticChange, Job, JobEvent
 
-    def to_representation(self, value: Any) -> int | None:
-        return None if value is None else int(value)
-
-    def to_internal_value(self, data: Any) -> int:
-        from scheduler.durations import DurationError, parse_duration
-
-        try:
-            return parse_duration(data)
-        except DurationError as exc:
-            raise serializers.ValidationError(str(exc)) from None
-
-
-@extend_schema_field(
-    {
-        "oneOf": [
-            {"type": "string"},
-            {
-                "type": "array",
-                "items": {
-                    "oneOf": [
-                        {"type": "string"},
-                        {
-                            "type": "object",
-                            "properties": {
-                                "type": {
-                                    "type": "string",
-                                    "enum": list(jobcontrol.DEPENDENCY_TYPES),
-                                },
-                                "job": {"type": "integer"},
-                            },
-                        },
-                    ]
-                },
-            },
-        ],
-        "description": (
-            'jobs of yours this one waits for: Slurm\'s form ("afterok:812:813,after:900"; a '
-            'bare id is afterany) or a list of {"type", "job"}; read back as that list. after: '
-            "once the job started; afterok: completed; afternotok: failed or cancelled; "
-            "afterany: ended. A dependency that can never be met cancels this job"
-        ),
-    }
-)
-class DependenciesField(serializers.Field):
-    def to_representation(self, value: Any) -> list[dict[str, Any]]:
-        return list(value or [])
-
-    def to_internal_value(self, data: Any) -> list[dict[str, Any]]:
-        try:
-            return jobcontrol.parse_dependencies(data)
-        except ValueError as exc:
-            raise serializers.ValidationError(str(exc)) from None
-
-
-@extend_schema_field(
-    {
-        "type": "string",
-        "description": (
-            'submit an array: task indices like "0-99", "1,3,5-7" or "0-15:4", optionally with '
-            '"%8" (at most 8 tasks placed at once); each task is a job with '
-            "COSCHED_ARRAY_TASK_ID set, the answer is the first task (array_job_id = its id)"
-        ),
-    }
-)
-class ArrayField(serializers.Field):
-    def to_representation(self, value: Any) -> Any:  # write only
-        return None
-
-    def to_internal_value(self, data: Any) -> jobcontrol.ArraySpec:
-        if not isinstance(data, str):
-            raise serializers.ValidationError('give a string like "0-99%8"')
-        try:
-            return jobcontrol.parse_array(data)
-        except ValueError as exc:
-            raise serializers.ValidationError(str(exc)) from None
-
-
-class OutputPathField(serializers.CharField):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(required=False, allow_blank=True, max_length=1000, **kwargs)
-
-    def to_internal_value(self, data: Any) -> str:
-        value = super().to_internal_value(data)
-        problems = jobcontrol.output_path_errors(value)
-        if problems:
-            raise serializers.ValidationError(problems)
-        return value
+__all__ = [
+    "ArrayField",
+    "AttemptPartSerializer",
+    "AttemptSerializer",
+    "BulkJobRefSerializer",
+    "BulkSubmitResultSerializer",
+    "BulkSubmitSerializer",
+    "CancelConflictSerializer",
+    "DependenciesField",
+    "ElasticChangeSerializer",
+    "ErrorSerializer",
+    "GpuSerializer",
+    "GpuTimesField",
+    "ImportErrorSerializer",
+    "ImportResultSerializer",
+    "JobDetailSerializer",
+    "JobEventSerializer",
+    "JobSerializer",
+    "JobUpdateSerializer",
+    "JsonObjectField",
+    "MeSerializer",
+    "MemoryStepSerializer",
+    "NodeDownResultSerializer",
+    "NodeOperationSerializer",
+    "NodeSerializer",
+    "OutputPathField",
+    "PlacementSerializer",
+    "PreemptSerializer",
+    "ProfileImportSerializer",
+    "ProfileRefField",
+    "ProfileSerializer",
+    "RawTextField",
+    "RejectUnknownFieldsMixin",
+    "RowErrorSerializer",
+    "TimeLimitField",
+]
 
 
 class PlacementSerializer(serializers.Serializer):
@@ -549,10 +419,8 @@ class JobSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
             errors.setdefault(name, []).extend(messages)
         request = self.context.get("request")
         if request is not None and "project" not in errors:
-            from portal.teams.services import project_for_submission
-
             try:
-                project_for_submission(request.user, values.get("project"))
+                services.submission_project(request.user, values.get("project"))
             except DjangoValidationError as exc:
                 errors["project"] = exc.message_dict["project"]
         if errors:
@@ -685,244 +553,6 @@ class PreemptSerializer(serializers.Serializer):
 class CancelConflictSerializer(serializers.Serializer):
     detail = serializers.CharField()
     state = serializers.CharField()
-
-
-class MemoryStepSerializer(serializers.Serializer):
-    start_fraction = serializers.FloatField(min_value=0, max_value=1, required=False)
-    from_mb = serializers.FloatField(min_value=0)
-    to_mb = serializers.FloatField(min_value=0)
-
-
-class GpuTimesField(serializers.DictField):
-    """``{"V100": 198.0, ...}`` read from the profile's ``gpu_times`` rows."""
-
-    def get_attribute(self, instance: ApplicationProfile) -> dict[str, float]:
-        return {t.gpu_model: t.time_s for t in instance.gpu_times.all()}
-
-
-class ProfileSerializer(RejectUnknownFieldsMixin, serializers.ModelSerializer):
-    """An application profile (docs: Application profiles), in the same schema as the JSON import
-    (docs/profiles.md). ``gpu_time_s`` maps a GPU catalogue model to solo run seconds."""
-
-    gpu_time_s = GpuTimesField(
-        child=serializers.FloatField(min_value=0), required=False, help_text="{model: seconds}"
-    )
-    memory_steps = MemoryStepSerializer(many=True, required=False)
-    classes = serializers.SerializerMethodField(
-        help_text="derived classes (scheduler.classes): kernel class, C/M class, scale class"
-    )
-    approved_by = serializers.CharField(
-        source="approved_by.get_username", read_only=True, default=None, allow_null=True
-    )
-
-    class Meta:
-        model = ApplicationProfile
-        exclude = ["created_by"]
-        read_only_fields = ["status", "source", "approved_at", "created_at", "updated_at"]
-        validators: list = []  # name+version uniqueness: services.profile_save names the field
-
-    @extend_schema_field(OpenApiTypes.OBJECT)
-    def get_classes(self, profile: ApplicationProfile) -> dict[str, str | None]:
-        return derived_classes(profile)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        """Check with the import rules too (GPU model names, step order, percentages)."""
-        if getattr(self, "_unknown_errors", None):
-            raise serializers.ValidationError(self._unknown_errors)
-        raw = dict(self.initial_data)
-        if self.instance is not None:
-            raw.setdefault("name", self.instance.name)
-            raw.setdefault("version", self.instance.version)
-        try:
-            self.record = validate_profile_mapping(raw)
-        except ProfileImportError as exc:
-            errors: dict[str, list[str]] = {}
-            for error in exc.errors:
-                errors.setdefault(error.field, []).append(error.message)
-            raise serializers.ValidationError(errors) from None
-        return attrs
-
-    def create(self, validated_data: dict[str, Any]) -> ApplicationProfile:
-        return _as_validation_error(
-            services.profile_save, self.record, actor=self.context["request"].user
-        )
-
-    def update(self, instance: ApplicationProfile, validated_data: dict[str, Any]) -> Any:
-        return _as_validation_error(
-            services.profile_save,
-            self.record,
-            actor=self.context["request"].user,
-            profile=instance,
-        )
-
-
-def _as_validation_error(func: Any, *args: Any, **kwargs: Any) -> Any:
-    try:
-        return func(*args, **kwargs)
-    except DjangoValidationError as exc:
-        raise serializers.ValidationError(exc.message_dict) from None
-
-
-class RawTextField(serializers.CharField):
-    """Text passed on as it is (a file's content): the importer, not this field, reports NUL
-    characters and other binary data, row by row in the import's error shape."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.validators = [v for v in self.validators if "Prohibit" not in type(v).__name__]
-
-
-class ProfileImportSerializer(serializers.Serializer):
-    """``POST /api/v1/profiles/import/``: a multipart ``file``, or ``content`` as text."""
-
-    file = serializers.FileField(required=False)
-    content = RawTextField(
-        required=False, trim_whitespace=False, help_text="the file's text (instead of file)"
-    )
-    profiles = serializers.ListField(
-        child=serializers.DictField(),
-        required=False,
-        help_text="JSON body: the profiles in our JSON schema (instead of file/content)",
-    )
-    format = serializers.ChoiceField(choices=FORMATS, required=False)
-    status = serializers.ChoiceField(
-        choices=ApplicationProfile.Status.choices, default=ApplicationProfile.Status.DRAFT
-    )
-    source = serializers.ChoiceField(
-        choices=ApplicationProfile.Source.choices, default=ApplicationProfile.Source.IMPORTED
-    )
-    update_existing = serializers.BooleanField(default=False)
-    name = serializers.CharField(required=False, help_text="profile name (nvprof / ncu files)")
-    version = serializers.CharField(required=False)
-    kind = serializers.ChoiceField(choices=JOB_KINDS, required=False)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        given = [k for k in ("file", "content", "profiles") if attrs.get(k) is not None]
-        if len(given) != 1:
-            raise serializers.ValidationError(
-                {"file": ["give exactly one of file (multipart), content or profiles"]}
-            )
-        return attrs
-
-
-class RowErrorSerializer(serializers.Serializer):
-    row = serializers.IntegerField(allow_null=True)
-    field = serializers.CharField()
-    message = serializers.CharField()
-
-
-class ImportErrorSerializer(serializers.Serializer):
-    detail = serializers.CharField()
-    errors = RowErrorSerializer(many=True)
-
-
-class ImportResultSerializer(serializers.Serializer):
-    created = serializers.ListField(child=serializers.IntegerField())
-    updated = serializers.ListField(child=serializers.IntegerField())
-    profiles = ProfileSerializer(many=True)
-
-
-class GpuSerializer(serializers.ModelSerializer):
-    node = serializers.CharField(source="node.name", read_only=True)
-
-    class Meta:
-        model = Gpu
-        fields = [
-            "id",
-            "node",
-            "index",
-            "uuid",
-            "model",
-            "architecture",
-            "memory_mb",
-            "sm_count",
-            "sharing_modes",
-            "mig_profiles",
-            "current_mode",
-        ]
-
-
-class NodeSerializer(serializers.ModelSerializer):
-    gpus = GpuSerializer(many=True, read_only=True)
-    state = serializers.SerializerMethodField(
-        help_text="as sinfo says it: up, draining (jobs still running), drained, down (lost) "
-        "or 'down (staff)'"
-    )
-    state_changed_by = serializers.CharField(
-        read_only=True, allow_null=True, help_text="staff only (null for others)"
-    )
-    isolation = serializers.JSONField(
-        read_only=True,
-        help_text="staff only (null for others): how the node keeps jobs apart, as its agent "
-        'reported: [{"what": "accounts" | "limits" | "gpu_devices", "level": "ok" | "weak" | '
-        '"n/a", "text"}]',
-    )
-    container_runtimes = serializers.ListField(
-        child=serializers.CharField(),
-        read_only=True,
-        help_text='container runtimes the node runs container jobs with ("podman", '
-        '"apptainer"; docs/containers.md); empty: no container jobs there',
-    )
-
-    class Meta:
-        model = Node
-        fields = [
-            "id",
-            "name",
-            "kind",
-            "cores",
-            "memory_mb",
-            "backend",
-            "status",
-            "state",
-            "state_reason",
-            "state_changed_by",
-            "state_changed_at",
-            "agent_version",
-            "last_heartbeat",
-            "gpus",
-            "container_runtimes",
-            "isolation",
-        ]
-
-    def get_state(self, instance: Node) -> str:
-        from portal.core.node_ops import node_state_label
-
-        return node_state_label(instance)
-
-    def to_representation(self, instance: Node) -> dict[str, Any]:
-        data = super().to_representation(instance)
-        request = self.context.get("request")
-        if request is None or not request.user.is_staff:
-            data["isolation"] = None  # accounts, paths: the operators' business
-            data["state_changed_by"] = None
-        return data
-
-
-class NodeOperationSerializer(serializers.Serializer):
-    """A drain or down: why (required for both; ignored by resume)."""
-
-    reason = serializers.CharField(
-        required=False,
-        allow_blank=True,
-        max_length=500,
-        help_text="why the node is drained or taken down (shown on the cluster page)",
-    )
-
-
-class NodeDownResultSerializer(serializers.Serializer):
-    node = NodeSerializer()
-    requeued = serializers.ListField(
-        child=serializers.IntegerField(), help_text="jobs preempted back to the queue"
-    )
-
-
-class MeSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
-    username = serializers.CharField()
-    email = serializers.CharField()
-    is_staff = serializers.BooleanField()
-    auth = serializers.CharField(help_text="how this request authenticated: token or session")
 
 
 class BulkSubmitSerializer(serializers.Serializer):

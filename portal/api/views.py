@@ -45,7 +45,7 @@ from portal.api.serializers import (
     ProfileImportSerializer,
     ProfileSerializer,
 )
-from portal.core import node_ops, selectors, services
+from portal.core import lookups, node_ops, selectors, services
 from portal.core.importers import ProfileImportConflict, ProfileImportError
 from portal.core.models import JOB_KINDS, ApplicationProfile, Job
 from portal.core.states import IllegalTransition, JobState
@@ -244,11 +244,14 @@ class JobViewSet(
         if key is not None and len(key) > MAX_KEY_LENGTH:
             raise ValidationError({IDEMPOTENCY_HEADER: [f"at most {MAX_KEY_LENGTH} characters"]})
         serializer = JobSerializer(data=request.data, context=self.get_serializer_context())
-        serializer.is_valid(raise_exception=True)
         try:
-            job, created = services.job_submit(
-                request.user, idempotency_key=key, **serializer.validated_data
-            )
+            # The serializer's rule checks and job_submit's read the cluster and the project
+            # once between them.
+            with lookups.submission_lookups():
+                serializer.is_valid(raise_exception=True)
+                job, created = services.job_submit(
+                    request.user, idempotency_key=key, **serializer.validated_data
+                )
         except DjangoValidationError as exc:
             raise _query_errors(exc) from None
         except services.IdempotencyConflict as exc:
@@ -262,14 +265,19 @@ class JobViewSet(
                 },
                 status=status.HTTP_422_UNPROCESSABLE_ENTITY,
             )
-        job = selectors.job_for_user(request.user, job.pk)
-        body = JobSerializer(job, context=self.get_serializer_context()).data
         if created:
+            # The answer is the job as saved, without reading it back: a new job has no
+            # placement yet, and its owner, project and profile are the objects in hand.
+            job.placements_newest_first = []
+            serializer.instance = job
+            body = serializer.data
             return Response(
                 body,
                 status=status.HTTP_201_CREATED,
                 headers={"Location": f"/api/v1/jobs/{job.pk}/"},
             )
+        job = selectors.job_for_user(request.user, job.pk)
+        body = JobSerializer(job, context=self.get_serializer_context()).data
         return Response(body, status=status.HTTP_200_OK, headers={REPLAYED_HEADER: "true"})
 
     @extend_schema(
@@ -305,16 +313,17 @@ class JobViewSet(
         body.is_valid(raise_exception=True)
         context = self.get_serializer_context()
         items, errors = [], {}
-        for i, item in enumerate(body.validated_data["jobs"]):
-            one = JobSerializer(data=item, context=context)
-            if one.is_valid():
-                items.append(one.validated_data)
-            else:
-                errors[str(i)] = one.errors
-        if errors:
-            raise ValidationError({"jobs": errors})
         try:
-            jobs, created = services.jobs_submit_bulk(request.user, items, idempotency_key=key)
+            with lookups.submission_lookups():  # the cluster and the projects: read once
+                for i, item in enumerate(body.validated_data["jobs"]):
+                    one = JobSerializer(data=item, context=context)
+                    if one.is_valid():
+                        items.append(one.validated_data)
+                    else:
+                        errors[str(i)] = one.errors
+                if errors:
+                    raise ValidationError({"jobs": errors})
+                jobs, created = services.jobs_submit_bulk(request.user, items, idempotency_key=key)
         except services.BulkSubmitError as exc:
             raise ValidationError({"jobs": {str(i): e for i, e in exc.errors.items()}}) from None
         except services.IdempotencyConflict as exc:

@@ -2,7 +2,8 @@
 transaction and relayed after it commits (docs/reliability.md).
 
 A service calls ``outbox_emit`` inside its transaction; the row commits or rolls back with the
-change. After commit, ``outbox_relay`` delivers what is due, and it runs again periodically
+change. After commit, the change delivers its own messages (each claimed by its DELETE, no
+scan of the table); ``outbox_relay`` delivers everything due, periodically
 (beat's ``cosched.outbox_relay``, every agent sync, the embedded loop), so a message the
 broker refused is retried when it is back. A submit, cancel, pause or resume therefore succeeds
 while the broker is down and takes effect when it returns.
@@ -67,10 +68,10 @@ def has_local_waker() -> bool:
 def outbox_emit(kind: str, target: str = "", reason: str = "") -> None:
     """Queue one message in the current transaction (relayed after commit). Call it inside the
     ``transaction.atomic`` block of the change it follows from."""
-    OutboxMessage.objects.create(
+    message = OutboxMessage.objects.create(
         kind=kind, target=target, reason=reason[:200], next_try_at=timezone.now()
     )
-    transaction.on_commit(_relay_after_commit)
+    transaction.on_commit(lambda: _relay_after_commit(message))
 
 
 def emit_schedule(reason: str) -> None:
@@ -82,11 +83,32 @@ def emit_nudges(nodes: set[str] | list[str] | tuple[str, ...], reason: str) -> N
         outbox_emit(OutboxMessage.Kind.NUDGE, node, reason)
 
 
-def _relay_after_commit() -> None:
+def _relay_after_commit(message: OutboxMessage) -> None:
+    """Deliver the message a change just committed, and only that one.
+
+    A relay of every due message (a transaction that locks and reads the table) cost each
+    submission about a sixth of its time under a CI farm's load (issue 27); this is one DELETE
+    in a transaction. The DELETE claims the row: if a periodic relay delivered it first there is
+    nothing left to claim and nothing is sent twice; if the delivery fails the DELETE rolls back
+    and the message stays for the periodic relays, with its delay. The row lock is held while
+    it is sent, as ``outbox_relay`` does."""
     try:
-        outbox_relay()
+        with transaction.atomic():
+            if not OutboxMessage.objects.filter(pk=message.pk).delete()[0]:
+                return  # a periodic relay took it
+            delivered, failed = _deliver([message])
+            if failed:
+                raise _Undelivered(failed)
+    except _Undelivered as undelivered:
+        _back_off(undelivered.failed)
     except Exception:  # never turn a committed change into an error for its caller
         log.exception("outbox relay after commit failed; the periodic relay will retry")
+
+
+class _Undelivered(Exception):
+    def __init__(self, failed: list[tuple[OutboxMessage, str]]) -> None:
+        super().__init__(f"{len(failed)} message(s) not delivered")
+        self.failed = failed
 
 
 def outbox_due() -> bool:
@@ -117,18 +139,23 @@ def outbox_relay(limit: int = RELAY_BATCH) -> int:
             delivered, failed = _deliver(batch)
             if delivered:
                 OutboxMessage.objects.filter(pk__in=delivered).delete()
-            now = timezone.now()
-            for row, error in failed:
-                delay = min(MAX_BACKOFF_S, FIRST_RETRY_S * 2**row.tries)
-                OutboxMessage.objects.filter(pk=row.pk).update(
-                    tries=row.tries + 1,
-                    next_try_at=now + timedelta(seconds=delay),
-                    last_error=error[:2000],
-                )
+            _back_off(failed)
         return len(delivered)
     finally:
         if serial:
             _relay_lock.release()
+
+
+def _back_off(failed: list[tuple[OutboxMessage, str]]) -> None:
+    """Count a failed try of each message and make it due again later (doubling the delay)."""
+    now = timezone.now()
+    for row, error in failed:
+        delay = min(MAX_BACKOFF_S, FIRST_RETRY_S * 2**row.tries)
+        OutboxMessage.objects.filter(pk=row.pk).update(
+            tries=row.tries + 1,
+            next_try_at=now + timedelta(seconds=delay),
+            last_error=error[:2000],
+        )
 
 
 def _deliver(batch: list[OutboxMessage]) -> tuple[list[int], list[tuple[OutboxMessage, str]]]:

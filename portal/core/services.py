@@ -21,7 +21,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from portal.core import jobcontrol, validation
+from portal.core import jobcontrol, lookups, validation
 from portal.core.importers import (
     ProfileImportConflict,
     ProfileImportError,
@@ -255,6 +255,18 @@ def elastic_rule_errors(
     return errors
 
 
+def submission_project(owner: Any, name: Any) -> Any:
+    """``portal.teams.services.project_for_submission``, read once per
+    ``portal.core.lookups.submission_lookups`` block for a given owner and project name."""
+    from portal.teams.services import project_for_submission
+
+    if name is not None and not isinstance(name, str):  # a Project: nothing to look up by name
+        return project_for_submission(owner, name)
+    return lookups.remembered(
+        ("project", owner.pk, name or ""), lambda: project_for_submission(owner, name)
+    )
+
+
 def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -> tuple[Job, bool]:
     """Create a PENDING job for ``owner`` from already type-checked fields.
 
@@ -263,8 +275,6 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
     request created (``created`` False) instead of a second one; a different body under the same
     key raises ``IdempotencyConflict``. Returns ``(job, created)``.
     """
-    from portal.teams.services import project_for_submission
-
     project_name = data.pop("project", None)
     array: jobcontrol.ArraySpec | None = data.pop("array", None)
     data["dependencies"] = list(data.get("dependencies") or [])
@@ -273,7 +283,7 @@ def job_submit(owner: Any, *, idempotency_key: str | None = None, **data: Any) -
     if problems:
         errors.setdefault("dependencies", []).extend(problems)
     try:
-        project = project_for_submission(owner, project_name)
+        project = submission_project(owner, project_name)
     except ValidationError as exc:
         errors.setdefault("project", []).extend(exc.message_dict["project"])
     if errors:

@@ -215,7 +215,14 @@ def container_image_help() -> str:
 def registered_nodes() -> list[Any]:
     """Every registered node as an idle ``NodeState`` (up or down alike: admission counts the
     cluster as registered, whatever is busy or down now). Two queries of plain values, and no
-    placement is read: what runs where does not matter here."""
+    placement is read: what runs where does not matter here. Read once per
+    ``portal.core.lookups.submission_lookups`` block."""
+    from portal.core.lookups import remembered
+
+    return remembered("registered_nodes", _read_registered_nodes)
+
+
+def _read_registered_nodes() -> list[Any]:
     from types import SimpleNamespace
 
     from portal.core.adapters import gpu_spec_of
@@ -287,8 +294,10 @@ def admission_errors(
 def admission_note(data: Mapping[str, Any]) -> str:
     """What admission says of a job it accepts without checking: with no node registered, every
     job is admitted and waits for the first node (empty string when nodes exist)."""
+    from portal.core import lookups
     from portal.core.models import Node
 
-    if Node.objects.exists():
+    # Within a submission's lookups the checks read the cluster already: no query here.
+    if registered_nodes() if lookups.active() else Node.objects.exists():
         return ""
     return admission_of(data, nodes=[]).note

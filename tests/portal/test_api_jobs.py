@@ -336,3 +336,71 @@ def test_jobs_are_not_replaced_or_deleted_and_patch_changes_only_editable_fields
     response = alice_api.patch(f"{URL}{job.pk}/", {"name": "x"}, format="json")
     assert response.status_code == 400 and "unknown field" in response.json()["name"][0]
     assert alice_api.delete(f"{URL}{job.pk}/").status_code == 405
+
+
+def _cluster() -> None:
+    from portal.core.models import Gpu, Node
+
+    node = Node.objects.create(name="gpu-1", kind="gpu", cores=16, memory_mb=65536)
+    for i in range(2):
+        Gpu.objects.create(node=node, index=i, model="A30", memory_mb=24576)
+
+
+def test_the_answer_to_a_submission_is_the_job_as_stored(alice_api, alice, approved_profile):
+    """The 201 is built from the saved job, not read back (issue 27): it must say what a GET
+    of the job says."""
+    _cluster()
+    first = services.job_submit(alice, name="first", command="true")[0]
+    payload = {
+        **GOOD,
+        "profile": approved_profile.pk,
+        "time_limit": "2h",
+        "dependencies": f"afterok:{first.pk}",
+        "params": {"lr": 0.001, "layers": [1, 2, {"deep": None}], "name": "x"},
+        "elastic_min_workers": 1,
+        "elastic_max_workers": 2,
+        "elastic_value_per_hour": 1.5,
+        "sharing": "allowed",
+        "output": "out-%j.txt",
+        "held": True,
+    }
+    created = alice_api.post(URL, payload, format="json")
+    assert created.status_code == 201, created.json()
+    stored = alice_api.get(f"{URL}{created.json()['id']}/").json()
+    answer = created.json()
+    assert answer.pop("queue_wait_s") >= 0
+    assert {k: stored[k] for k in answer if k != "queue_wait_s"} == answer
+    assert answer["profile_name"] == "CNN-MNIST" and answer["project"] == "alice"
+
+    array = alice_api.post(URL, {"name": "a", "command": "true", "array": "0-3%2"}, format="json")
+    assert array.status_code == 201, array.json()
+    answer = array.json()
+    answer.pop("queue_wait_s")
+    stored = alice_api.get(f"{URL}{answer['id']}/").json()
+    assert {k: stored[k] for k in answer} == answer
+    assert (answer["array_job_id"], answer["array_index"], answer["array_limit"]) == (
+        answer["id"],
+        0,
+        2,
+    )
+
+
+def test_a_submission_reads_the_cluster_and_the_project_once(alice_api):
+    """The serializer's checks and job_submit's share one read of the registered cluster and
+    of the project, and the answer reads nothing back (issue 27)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _cluster()
+    alice_api.post(URL, {"name": "warm", "command": "true"}, format="json")  # personal project
+    with CaptureQueriesContext(connection) as queries:
+        response = alice_api.post(URL, {**GOOD, "gpu_memory_mb": 8000}, format="json")
+    assert response.status_code == 201, response.json()
+    selects = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("SELECT")]
+
+    def reading(table: str) -> int:
+        return sum(f'FROM "{table}"' in sql for sql in selects)
+
+    assert reading("core_node") == 1 and reading("core_gpu") == 1
+    assert reading("teams_membership") <= 1 and reading("teams_project") <= 1
+    assert reading("core_job") == 0 and reading("core_placement") == 0
