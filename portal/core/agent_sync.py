@@ -48,7 +48,7 @@ from django.utils import timezone
 from portal.core import adapters, observations
 from portal.core.elastic import attempt_time_limit_s, regrouped_run_s
 from portal.core.models import TIME_LIMIT_REASON, Gpu, Job, Node, Placement, PlacementPart
-from portal.core.nodes import lease_kill_grace_s, lease_s, node_register
+from portal.core.nodes import lease_kill_grace_s, lease_s, locked_nodes, node_register
 from portal.core.oom import oom_requeue
 from portal.core.outbox import emit_nudges, emit_schedule, outbox_due, outbox_relay
 from portal.core.ports import master_port_assign
@@ -112,12 +112,12 @@ def agent_sync(request: SyncRequest) -> SyncReply:
     module docstring."""
     now = timezone.now()
     with transaction.atomic():
-        node = Node.objects.select_for_update().filter(name=request.node).first()
+        node = locked_nodes().filter(name=request.node).first()
         if node is None:
             if request.info is None:
                 return _reply(request.node, version=request.version, send_info=True)
             _register(request)
-            node = Node.objects.select_for_update().get(name=request.node)
+            node = locked_nodes().get(name=request.node)
         elif request.seq <= node.sync_seq:
             log.warning(
                 "node %s: request %d is older than %d, the newest applied; refused",
@@ -166,7 +166,7 @@ def agent_report_results(report: ResultReport) -> ResultAck:
     now = timezone.now()
     effects = _Effects(tails={}, samples=[])
     with transaction.atomic():
-        node = Node.objects.select_for_update().filter(name=report.node).first()
+        node = locked_nodes().filter(name=report.node).first()
         if node is None:
             return ResultAck(acked=(), version=report.version)
         for result in report.results:

@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from portal.core.models import Job, Node, Placement
+from portal.core.nodes import locked_nodes
 from portal.core.outbox import emit_nudges, emit_schedule
 from portal.core.services import job_preempt
 from portal.core.states import PLACED, IllegalTransition
@@ -66,7 +67,7 @@ def node_drain(node: Node, *, actor: str, reason: str | None) -> Node:
     """DRAINING with ``reason``: running jobs finish, no new job is placed there."""
     text = _reason(reason)
     with transaction.atomic():
-        locked = Node.objects.select_for_update().get(pk=node.pk)
+        locked = locked_nodes().get(pk=node.pk)
         if locked.held_down:
             raise NodeOpError(
                 f"node {locked.name} is down ({locked.state_reason}): resume it first", "node"
@@ -91,7 +92,7 @@ def node_down(node: Node, *, actor: str, reason: str | None) -> tuple[Node, list
     text = _reason(reason)
     preempted: list[int] = []
     with transaction.atomic():
-        locked = Node.objects.select_for_update().get(pk=node.pk)
+        locked = locked_nodes().get(pk=node.pk)
         Node.objects.filter(pk=locked.pk).update(
             status=Node.Status.DOWN,
             held_down=True,
@@ -117,7 +118,7 @@ def node_resume(node: Node, *, actor: str) -> Node:
     """Back to UP (from DRAINING or a staff DOWN); the reason is cleared. A node whose agent
     stopped syncing is marked down again by the lost-node check, as before."""
     with transaction.atomic():
-        locked = Node.objects.select_for_update().get(pk=node.pk)
+        locked = locked_nodes().get(pk=node.pk)
         if locked.status == Node.Status.UP and not locked.held_down:
             raise NodeOpError(f"node {locked.name} is up already", "node")
         Node.objects.filter(pk=locked.pk).update(

@@ -46,6 +46,16 @@ TOKEN_PREFIX_SHOWN = 8
 TOKEN_LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
+def locked_nodes() -> Any:
+    """Nodes, to lock for a change of their state: ``FOR NO KEY UPDATE``. It serialises a
+    node's syncs, registrations, drains and downs as ``FOR UPDATE`` would, but lets another
+    transaction that inserts a row referencing the node (a placement part, a command, an
+    event) check that foreign key meanwhile. Under ``FOR UPDATE`` that check waits for the
+    lock, and a sync holding its node while it waits for a job row such a transaction holds
+    is a deadlock (it was: a preempt from the job page against the agent's sync)."""
+    return Node.objects.select_for_update(no_key=True)
+
+
 def lease_s() -> float:
     """How long one sync keeps a node's lease (s): ``COSCHED_LEASE_S``."""
     return float(settings.COSCHED["LEASE_S"])
@@ -88,7 +98,7 @@ def node_register(
     """
     now = timezone.now()
     with transaction.atomic():
-        node, created = Node.objects.select_for_update().get_or_create(
+        node, created = locked_nodes().get_or_create(
             name=name,
             defaults={
                 "kind": kind,

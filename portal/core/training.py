@@ -41,6 +41,7 @@ from portal.core.models import (
     PolicySettings,
     TrainingState,
 )
+from portal.core.nodes import locked_nodes
 from portal.core.states import JobState
 from portal.core.validation import DB_INT_MAX
 from scheduler.domain import (
@@ -254,7 +255,7 @@ def training_report(placement: Placement, data: Any) -> dict[str, Any]:
     explanation = ""
     with transaction.atomic():
         # One report at a time per node: the DR manager reads every job of the node.
-        Node.objects.select_for_update().filter(pk=placement.node_id).first()
+        locked_nodes().filter(pk=placement.node_id).first()
         state = _state_of(placement)
         state.iteration = report["iteration"]
         if report["epoch"] is not None:

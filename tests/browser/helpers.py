@@ -33,12 +33,16 @@ def screenshot(browser: Any, name: str) -> Path:
 
 
 def wait_for(browser: Any, condition: Callable[[Any], Any], what: str, timeout: float = WAIT_S):
-    """Wait until ``condition(browser)`` is truthy and return its value; fail naming ``what``."""
-    from selenium.common.exceptions import TimeoutException
+    """Wait until ``condition(browser)`` is truthy and return its value; fail naming ``what``.
+    An element that goes stale while the condition reads it (the page was replaced by a
+    navigation or its own refresh) counts as "not yet"."""
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.support.ui import WebDriverWait
 
     try:
-        return WebDriverWait(browser, timeout).until(condition)
+        return WebDriverWait(
+            browser, timeout, ignored_exceptions=(StaleElementReferenceException,)
+        ).until(condition)
     except TimeoutException:
         screenshot(browser, f"timeout-{what}")
         raise AssertionError(

@@ -289,3 +289,40 @@ def test_old_gpu_readings_are_pruned_with_the_metrics(alice):
         )
     assert metrics_prune(timedelta(days=14)) == 1
     assert GpuReading.objects.filter(job=job).count() == 1
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_a_measured_throughput_changes_the_next_placement(alice, toy, measured):
+    """The live loop's decision, not only its knowledge: one A30, two waiting jobs, the active
+    policy ``allox`` (its solo times are ``state.knowledge.solo_time``; min-cost matching puts
+    the shorter job first). By the profiles ``other`` is shorter (8 s against toy-m's 20 s) and
+    gets the GPU; once a finished toy-m job was measured at 2 s alone on an A30, the same cycle
+    gives it to ``toy``. (``hetero_srtf`` reads pair speeds from the knowledge but solo times
+    from the profile: see docs/policies.md.)"""
+    from datetime import UTC, datetime
+
+    from portal.core.models import Gpu, Node, PolicySettings
+
+    node = Node.objects.create(name="a30", kind="gpu", cores=8, memory_mb=65536)
+    Gpu.objects.create(
+        node=node, index=0, model="A30", memory_mb=24576, uuid="GPU-a30-0",
+        sharing_modes=["exclusive"],
+    )  # fmt: skip
+    PolicySettings.objects.create(name="a", policy="allox", params={}, active=True)
+    other = ApplicationProfile.objects.create(name="other-m", kind="dl-train", status="approved")
+    ProfileGpuTime.objects.create(profile=other, gpu_model="A30", time_s=8.0)
+    Job.objects.create(owner=alice, name="toy", profile=toy, gpus=1)
+    Job.objects.create(owner=alice, name="other", profile=other, gpus=1)
+    if measured:
+        done = Job.objects.create(
+            owner=alice, name="measured", profile=toy, gpus=1, state="COMPLETED"
+        )
+        for i in range(4):
+            JobObservation.objects.create(
+                job=done, attempt=1, kind="progress", job_type="toy-m",
+                at=datetime(2026, 11, 27, 10, 0, i, tzinfo=UTC), window_s=0.5,
+                gpu_model="A30", progress_from=i / 4, progress_to=(i + 1) / 4,
+            )  # fmt: skip
+    scheduling.run_cycle()
+    placed = list(Job.objects.filter(placements__active=True).values_list("name", flat=True))
+    assert placed == (["toy"] if measured else ["other"])

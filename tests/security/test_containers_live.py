@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import db_access, stack, wait_for  # noqa: F401 (fixtures)
+from tests.e2e.conftest import db_access, stack, stack_database, wait_for  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.django_db
 

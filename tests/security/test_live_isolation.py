@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import db_access, stack, wait_for  # noqa: F401 (fixtures)
+from tests.e2e.conftest import db_access, stack, stack_database, wait_for  # noqa: F401 (fixtures)
 from tests.security.conftest import ACCOUNTS
 from workers import runner as runner_files
 
