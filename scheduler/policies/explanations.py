@@ -84,6 +84,13 @@ def fit_text(job: JobSpec, cand: Candidate) -> str:
     if cand.mig_profile is not None:
         return f"needs {gb(need)} of the instance's {gb(cand.mig_profile.memory_mb)} GB"
     each = " per GPU" if len(cand.gpus) > 1 else ""
+    if not job.memory_known():  # nothing to compare: say what is assumed, not "needs 0.0"
+        if job.pack_unknown_memory:
+            return (
+                f"GPU memory unknown (no profile max, no gpu_memory_mb): counted as 0 GB "
+                f"(pack_unknown_memory); {gb(gpu.free_mb)} GB free{each}"
+            )
+        return "GPU memory unknown"  # the framework adds why it gets whole GPUs of its own
     return f"needs {gb(need)} of {gb(gpu.free_mb)} GB free{each}"
 
 

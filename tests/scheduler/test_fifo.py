@@ -93,3 +93,21 @@ def test_explanation_has_numbers():
     assert d.explanation == (
         "placed on n0/gpu0 exclusive: first fit among 3 idle V100; needs 9.1 of 15.8 GB free"
     )
+
+
+def test_an_unknown_memory_need_is_said_so_not_shown_as_zero():
+    from dataclasses import replace
+
+    # no profile, no gpu_memory_mb; the portal's jobs (pack_unknown_memory off)
+    unknown = replace(job("a"), gpu_memory_mb=None, pack_unknown_memory=False)
+    state = ClusterState(0.0, (gpu_node("n0", "V100", 1),), pending=(unknown,))
+    (d,) = _plan(state).decisions
+    assert "needs 0.0" not in d.explanation
+    assert d.explanation.endswith(
+        "first fit among 1 idle V100; GPU memory unknown; whole GPUs of its own: its GPU memory "
+        "is unknown (no profiled max, no gpu_memory_mb), so it is assumed to need a whole GPU"
+    ), d.explanation
+    # a trace's job may be packed on a 0-GB count: said so
+    trace_job = replace(unknown, pack_unknown_memory=True)
+    (d,) = _plan(ClusterState(0.0, (gpu_node("n0", "V100", 1),), pending=(trace_job,))).decisions
+    assert d.explanation.endswith("counted as 0 GB (pack_unknown_memory); 15.8 GB free")
