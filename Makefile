@@ -130,10 +130,10 @@ container-deps:
 # Slow-Down and seed 004 live runs, the 200-job double-placement run and the quick chaos suite),
 # which `make test-slow` runs; CI (.ci/run) runs both.
 test: install lint browser-deps container-deps
-	$(TEST_ENV) $(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/pytest -m "not slow" --durations=15 $(PYTEST_ARGS)
 
 test-slow: install browser-deps container-deps
-	$(TEST_ENV) $(BIN)/pytest -m slow $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/pytest -m slow --durations=5 $(PYTEST_ARGS)
 
 # The chaos suite (docs/reliability.md): the real stack on a scratch PostgreSQL database and a
 # private Redis, under six faults; prints the table and fails if a job was lost, ran twice,
