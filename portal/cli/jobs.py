@@ -348,6 +348,16 @@ def cmd_update(client: Client, args: argparse.Namespace, out: IO[str], err: IO[s
         out.write(f"Updated job {job['id']} ({job.get('name', '')}): {said}\n")
 
 
+def _fetch_jobs(
+    client: Client, params: dict[str, Any], limit: int
+) -> tuple[list[dict[str, Any]], int]:
+    """``GET /api/v1/jobs/`` with ``params``: the first ``limit`` jobs and the total count."""
+    _, data = client.request("GET", "/api/v1/jobs/", params=params)
+    jobs = (data.get("results", []) if isinstance(data, dict) else data)[:limit]
+    total = data.get("count", len(jobs)) if isinstance(data, dict) else len(jobs)
+    return jobs, total
+
+
 def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     params: dict[str, Any] = {"page_size": min(args.limit, 500)}
     if args.state:
@@ -356,10 +366,7 @@ def cmd_jobs(client: Client, args: argparse.Namespace, out: IO[str], err: IO[str
         params["search"] = args.search
     if getattr(args, "array", None):
         params["array"] = args.array
-    _, data = client.request("GET", "/api/v1/jobs/", params=params)
-    jobs = data.get("results", []) if isinstance(data, dict) else data
-    jobs = jobs[: args.limit]
-    total = data.get("count", len(jobs)) if isinstance(data, dict) else len(jobs)
+    jobs, total = _fetch_jobs(client, params, args.limit)
     if args.json:
         _emit_json(jobs, out)
         return EXIT_OK
@@ -415,10 +422,7 @@ def cmd_history(client: Client, args: argparse.Namespace, out: IO[str], err: IO[
     for name in ("user", "project"):
         if getattr(args, name):
             params[name] = getattr(args, name)
-    _, data = client.request("GET", "/api/v1/jobs/", params=params)
-    jobs = data.get("results", []) if isinstance(data, dict) else data
-    jobs = jobs[: args.limit]
-    total = data.get("count", len(jobs)) if isinstance(data, dict) else len(jobs)
+    jobs, total = _fetch_jobs(client, params, args.limit)
     if args.json:
         _emit_json(jobs, out)
         return EXIT_OK
