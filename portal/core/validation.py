@@ -25,6 +25,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from portal.core import lookups
 from scheduler.admission import Admission, admit, capacity_of
 from workers.protocol import json_nesting_depth  # noqa: F401  (one scanner, shared)
 
@@ -217,9 +218,7 @@ def registered_nodes() -> list[Any]:
     cluster as registered, whatever is busy or down now). Two queries of plain values, and no
     placement is read: what runs where does not matter here. Read once per
     ``portal.core.lookups.submission_lookups`` block."""
-    from portal.core.lookups import remembered
-
-    return remembered("registered_nodes", _read_registered_nodes)
+    return lookups.remembered("registered_nodes", _read_registered_nodes)
 
 
 def _read_registered_nodes() -> list[Any]:
@@ -294,7 +293,6 @@ def admission_errors(
 def admission_note(data: Mapping[str, Any]) -> str:
     """What admission says of a job it accepts without checking: with no node registered, every
     job is admitted and waits for the first node (empty string when nodes exist)."""
-    from portal.core import lookups
     from portal.core.models import Node
 
     # Within a submission's lookups the checks read the cluster already: no query here.
