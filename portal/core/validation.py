@@ -215,7 +215,7 @@ def container_image_help() -> str:
 
 def registered_nodes() -> list[Any]:
     """Every registered node as an idle ``NodeState`` (up or down alike: admission counts the
-    cluster as registered, whatever is busy or down now). Two queries of plain values, and no
+    cluster as registered, whatever is busy or down now). One query of plain values, and no
     placement is read: what runs where does not matter here. Read once per
     ``portal.core.lookups.submission_lookups`` block."""
     return lookups.remembered("registered_nodes", _read_registered_nodes)
@@ -225,23 +225,28 @@ def _read_registered_nodes() -> list[Any]:
     from types import SimpleNamespace
 
     from portal.core.adapters import gpu_spec_of
-    from portal.core.models import Gpu, Node
+    from portal.core.models import Node
     from scheduler.domain import GpuState, NodeKind, NodeState
 
     fields = ("model", "architecture", "memory_mb", "sm_count", "sharing_modes", "mig_profiles")
     specs: dict[str, Any] = {}  # equal rows share one spec (a cluster has few GPU kinds)
+    nodes: dict[int, tuple[str, str, int, int]] = {}
     by_node: dict[int, list[Any]] = {}
-    for node_id, index, *values in Gpu.objects.order_by("node_id", "index").values_list(
-        "node_id", "index", *fields
-    ):
+    # One query: each node joined with its GPUs (a node without GPUs comes once, its GPU
+    # columns null), by node name and GPU index.
+    rows = Node.objects.order_by("name", "gpus__index").values_list(
+        "pk", "name", "kind", "cores", "memory_mb", "gpus__index", *(f"gpus__{f}" for f in fields)
+    )
+    for pk, name, kind, cores, memory_mb, index, *values in rows:
+        nodes.setdefault(pk, (name, kind, cores, memory_mb))
+        if index is None:
+            continue
         key = json.dumps(values, sort_keys=True, default=str)
         if key not in specs:
             specs[key] = gpu_spec_of(SimpleNamespace(**dict(zip(fields, values, strict=True))))
-        by_node.setdefault(node_id, []).append((index, specs[key]))
+        by_node.setdefault(pk, []).append((index, specs[key]))
     out = []
-    for pk, name, kind, cores, memory_mb in Node.objects.values_list(
-        "pk", "name", "kind", "cores", "memory_mb"
-    ):
+    for pk, (name, kind, cores, memory_mb) in nodes.items():
         gpus = tuple(GpuState(node=name, index=i, spec=spec) for i, spec in by_node.get(pk, []))
         out.append(
             NodeState(

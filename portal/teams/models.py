@@ -60,11 +60,19 @@ class ProjectManager(models.Manager["Project"]):
     def default_for(self, user: Any) -> Project:
         """Where ``user``'s jobs go when they name no project: the membership marked default,
         else their personal project."""
-        chosen = (
-            Membership.objects.filter(user=user, is_default=True).select_related("project").first()
+        # One query for both candidates (a user has at most one default membership, and it
+        # may be of the personal project itself): a project that is not the personal one can
+        # only have come through the default membership, so it wins.
+        candidates = list(
+            self.filter(
+                Q(memberships__user=user, memberships__is_default=True) | Q(personal_of=user)
+            ).distinct()[:2]
         )
-        if chosen is not None:
-            return chosen.project
+        for project in candidates:
+            if project.personal_of_id != user.pk:
+                return project
+        if candidates:
+            return candidates[0]
         return self.personal_for(user)
 
 
