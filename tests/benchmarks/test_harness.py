@@ -141,3 +141,52 @@ def test_gunicorn_answers_and_it_and_its_workers_stop_when_the_body_fails():
         assert len(pids) == 3  # the master and two workers
         raise RuntimeError("benchmark failed")
     assert pids and not any(_alive(pid) for pid in pids)
+
+
+def test_the_api_farm_reports_its_median_round_and_every_round():
+    from benchmarks.api_latency import _median_round
+
+    rounds = [
+        {"requests_per_s": 90.0, "p99_ms": 600.0},
+        {"requests_per_s": 130.0, "p99_ms": 350.0},
+        {"requests_per_s": 110.0, "p99_ms": 480.0},
+    ]
+    chosen = _median_round(rounds)
+    assert chosen["requests_per_s"] == 110.0 and chosen["p99_ms"] == 480.0
+    assert chosen["rounds"] == 3
+    assert chosen["requests_per_s_all"] == [90.0, 130.0, 110.0]
+    # An even count takes the lower middle round (never flatters).
+    assert _median_round(rounds[:2])["requests_per_s"] == 90.0
+
+
+def test_the_api_farm_reads_a_process_cpu_time_from_proc():
+    import subprocess
+    import time
+
+    from benchmarks.api_latency import _process_cpu_s
+
+    if not os.path.isdir("/proc/self"):
+        pytest.fail("this test reads /proc (Linux)")
+    marker = "cpu-burner-for-the-api-benchmark-test"
+    burn = f"import time\nt=time.process_time()\nwhile time.process_time()-t<3: pass # {marker}"
+    done = subprocess.Popen([sys.executable, "-c", burn])
+    try:
+        time.sleep(0.3)
+        early = _process_cpu_s(lambda command: marker in command)
+        time.sleep(0.6)
+        late = _process_cpu_s(lambda command: marker in command)
+    finally:
+        done.kill()
+        done.wait(10)
+    assert early is not None and late is not None
+    assert late > early and late >= 0.3
+    assert _process_cpu_s(lambda command: "no-such-process-anywhere" in command) == 0.0
+
+
+def test_the_api_benchmark_refuses_zero_rounds(capsys):
+    from benchmarks.api_latency import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--rounds", "0"])
+    assert stop.value.code == 2
+    assert "--rounds: give 1 or more" in capsys.readouterr().err
