@@ -13,8 +13,11 @@ from the simulator's truth:
    it had ``1 + aging x k`` times less left, so every job eventually reaches the front (no
    starvation; ``tests/scheduler/test_hetero_srtf.py`` checks the bound). With ``ftf_cap`` > 0
    a job whose predicted finish-time-fairness ratio (age + best remaining, over its time on an
-   isolated ``1/n`` share of the cluster, ``n`` = jobs present) reaches the cap goes before
-   every job under it (worst ratio first).
+   isolated ``1/n`` share of the cluster) reaches the cap goes before every job under it
+   (worst ratio first). ``n`` is the count of jobs present averaged over the job's life, as
+   the metric averages it: measured from its arrival to now, the present count for the time
+   it has left (with the count of the moment only, a job that waited through a quiet spell and
+   meets a burst looked fairly treated, and the cap rarely fired).
 3. **Who runs.** Jobs are taken in key order until the cluster's GPUs are spoken for. A running
    job defends its GPUs with ``key x (1 - preempt_margin) - preemption_cost_s``: a waiting job
    preempts it only if it is shorter by the margin *and* the restart cost
@@ -55,7 +58,8 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
 - ``max_preemptions`` (5): preemptions (moves included) of one job before it keeps its GPUs.
 - ``pack_threshold`` (1.2): pack two jobs on a GPU when their estimated pair throughput
   reaches this many jobs' worth (0: never pack).
-- ``ftf_cap`` (0): finish-time-fairness cap; jobs predicted at or above it go first (0: off).
+- ``ftf_cap`` (2): finish-time-fairness cap; jobs predicted at or above it go first, and each
+  may take one running job's GPUs beyond the churn budget (0: off). 2 is issue 24's bound.
 - ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
 - ``churn_budget`` (0.02): at most this share of the running jobs (at least one) is requeued
   (preempted or moved) per cycle; the longest go first, the others keep their GPUs until a
@@ -160,7 +164,7 @@ class HeteroSrtfPolicy(Policy):
         "preempt_margin": 0.1,
         "max_preemptions": 5,
         "pack_threshold": 1.2,
-        "ftf_cap": 0.0,
+        "ftf_cap": 2.0,
         "tick_s": 0.0,
         "replan_limit": 512,
         "churn_budget": 0.02,
@@ -213,6 +217,13 @@ class HeteroSrtfPolicy(Policy):
         self._last_idle: dict[str, int] = {}  # idle GPUs per model after the last fast cycle
         # job id -> (its node, the models faster than that node's)
         self._faster: dict[str, tuple[str, tuple[str, ...]]] = {}
+        # The finish-time-fairness cap's count of jobs present, averaged over time as the
+        # metric averages it (``scheduler.ftf``): job-seconds present since the first cycle,
+        # the count since the last one, and per job (area, time, count) when first seen.
+        self._area = 0.0
+        self._area_t: float | None = None
+        self._area_n = 0
+        self._seen: dict[str, tuple[float, float, int]] = {}
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -233,6 +244,16 @@ class HeteroSrtfPolicy(Policy):
         if ea is None or eb is None or ea.value <= 0 or eb.value <= 0:
             return None
         return min(1.0, ea.value), min(1.0, eb.value)
+
+    def _count_jobs_present(self, state: ClusterState, now: float, n_jobs: int) -> None:
+        """Advance the job-seconds present to ``now`` (the count since the last cycle held
+        until now) and forget jobs no longer present once the table doubles."""
+        if self._area_t is not None and now > self._area_t:
+            self._area += self._area_n * (now - self._area_t)
+        self._area_t, self._area_n = now, n_jobs
+        if len(self._seen) > 2 * n_jobs + 64:
+            present = {j.id for j in state.pending} | {rj.job.id for rj in state.running}
+            self._seen = {k: v for k, v in self._seen.items() if k in present}
 
     def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
         now = state.now_s
@@ -268,10 +289,14 @@ class HeteroSrtfPolicy(Policy):
         models = sorted(counts)
         n_jobs = len(state.pending) + len(state.running)
         ftf = self.ftf_cap
+        if ftf > 0:
+            self._count_jobs_present(state, now, n_jobs)
+        area_now, seen_jobs = self._area, self._seen
 
         # Solo times per model that a job may use, per (profile object, GPU count, memory need,
         # current model, gang): jobs of one profile share them within a cycle.
         solo_times: dict[tuple[int, int, float, str | None, bool], list[tuple[str, float]]] = {}
+        isolated: dict[tuple[tuple[int, int, float, str | None, bool], int], float] = {}
 
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
             if job.profile is None:
@@ -303,8 +328,19 @@ class HeteroSrtfPolicy(Policy):
             age = now - job.arrival_s
             key = priority_key(best, solo_best, age, self.aging)
             if ftf > 0:
-                full = {m: r / max(1e-9, left) for m, r in rem.items()}
-                iso = isolated_time_s(full, counts, k, n_jobs)
+                # The count of jobs present averaged over the job's life, as the metric does:
+                # measured from its arrival to now (before it was first seen, the count then),
+                # the present count for the time it is predicted to have left.
+                seen = seen_jobs.get(job.id)
+                if seen is None:
+                    seen = seen_jobs[job.id] = (area_now, now, n_jobs)
+                past = area_now - seen[0] + seen[2] * max(0.0, seen[1] - job.arrival_s)
+                life = max(0.0, age) + best
+                mean_n = (past + n_jobs * best) / life if life > 0 else float(n_jobs)
+                ik = (ck, max(1, round(mean_n)))
+                iso = isolated.get(ik)
+                if iso is None:  # jobs of one profile and count share it within a cycle
+                    iso = isolated[ik] = isolated_time_s(dict(times), counts, k, ik[1])
                 rho = (age + best) / iso if iso > 0 else 0.0
                 if rho >= ftf:
                     key = -rho
@@ -338,10 +374,14 @@ class HeteroSrtfPolicy(Policy):
         guests: list[Cand] = []
         fixed: list[Cand] = []
         capacity = dict(counts)
-        min_pending = min((c.key for c in pending), default=_INF)
+        # Jobs over the fairness cap (negative keys) are left out: they rank before every
+        # running job that is not pinned and take the GPUs of the worst-ranked ones, which are
+        # never the fixed ones below.
+        min_pending = min((c.key for c in pending if c.key >= 0), default=_INF)
         # Above replan_limit running jobs, the ones no waiting job could preempt keep their
         # GPUs and model without a full estimate (bounded work on large clusters).
-        bounded = ftf <= 0 and len(state.running) > self.replan_limit
+        # (A fixed job is not seen by the fairness cap's count until it is re-planned.)
+        bounded = len(state.running) > self.replan_limit
         multi = {key for key, ids in gpu_jobs.items() if len(ids) > 1}  # GPUs shared now
         solos: dict[int, float | None] = {}  # id(profile) -> its fastest time (quick keys)
         modes = (SharingMode.MPS, SharingMode.EXCLUSIVE)
@@ -420,7 +460,10 @@ class HeteroSrtfPolicy(Policy):
         # GPUs this cycle; the longest (largest defended key) go first, the others keep their
         # GPUs until a later cycle still finds them worth moving (preempt_margin and the
         # restart cost are the hysteresis).
+        # Jobs over the finish-time-fairness cap are not held back by it: each may take the
+        # GPUs of one more running job (the cap binds where the budget would defer it).
         budget = max(1, math.floor(self.churn_budget * len(state.running)))
+        budget += sum(1 for c in chosen if c.running is None and c.key < 0)
         if len(leaving) > budget:
             leaving.sort(key=lambda c: (-rank(c)[0], c.job.arrival_s, c.job.id))
             # the deferred keep their GPUs; jobs chosen for them wait (placement fails)

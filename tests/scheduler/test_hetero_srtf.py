@@ -112,7 +112,7 @@ def test_aging_prevents_starvation_behind_a_stream_of_short_jobs() -> None:
     jobs += [gjob(f"s{i}", {"V100": 100.0}, arrival=200.0 * (i // 2)) for i in range(600)]
     finish = {}
     for aging in (0.0, 0.5, 2.0):
-        res = simulate(one_gpu(), jobs, HeteroSrtfPolicy(aging=aging))
+        res = simulate(one_gpu(), jobs, HeteroSrtfPolicy(aging=aging, ftf_cap=0))
         assert all(r.end_reason == "completed" for r in res.jobs)
         finish[aging] = {r.job_id: r for r in res.jobs}["long"].finish_s
     # Without aging it waits for the whole stream; with aging its key
@@ -120,6 +120,9 @@ def test_aging_prevents_starvation_behind_a_stream_of_short_jobs() -> None:
     # arrive, the sooner the larger the weight.
     assert finish[0.0] > 60_000
     assert finish[2.0] < finish[0.5] < 45_000
+    # The finish-time-fairness cap (2 by default) bounds the wait without aging, too.
+    capped = simulate(one_gpu(), jobs, HeteroSrtfPolicy(aging=0.0))
+    assert {r.job_id: r for r in capped.jobs}["long"].finish_s < 20_000
 
 
 def test_measured_pairs_are_packed_above_the_threshold_only() -> None:
@@ -269,3 +272,41 @@ def test_the_churn_budget_bounds_requeues_per_cycle() -> None:
     capped = HeteroSrtfPolicy(pack_threshold=0).schedule(state, random.Random(0))
     assert [a.job_id for a in capped.actions] == ["l3"]
     assert len(capped.decisions) == 1
+
+
+def test_the_ftf_cap_averages_the_jobs_present_over_a_jobs_life() -> None:
+    # One V100. From 0 to 20,000 s a long job runs and "b" (1,000 s) waits: two jobs present.
+    # Then the GPU frees and 20 jobs of 200 s arrive. Counting the 21 present now, b's share
+    # looks generous (rho = 21,000 / 21,000 = 1) and the cap of 2 stays silent; over b's life
+    # the count averages about 3 (rho about 7), as the metric measures it, so b goes first.
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState, Placement, RunningJob
+
+    b = gjob("b", {"V100": 1000.0})
+    hog = gjob("hog", {"V100": 20_000.0})
+    busy = GpuState("v", 0, gpu_spec("V100"), SharingMode.EXCLUSIVE, ("hog",))
+    early = ClusterState(
+        now_s=0.0,
+        nodes=(gpu_node("v", "V100", 1, gpus={0: busy}),),
+        pending=(b,),
+        running=(
+            RunningJob(hog, Placement("hog", "v", (0,), SharingMode.EXCLUSIVE), 0.0, progress=0.0),
+        ),
+    )
+    shorts = tuple(gjob(f"s{i}", {"V100": 200.0}, arrival=20_000.0) for i in range(20))
+    late = ClusterState(now_s=20_000.0, nodes=(gpu_node("v", "V100", 1),), pending=(b, *shorts))
+
+    def first(policy: HeteroSrtfPolicy, *states: ClusterState) -> str:
+        plan = None
+        for s in states:
+            plan = policy.schedule(s, random.Random(0))
+        assert plan is not None and len(plan.decisions) == 1
+        return plan.decisions[0].placement.job_id
+
+    settings = {"aging": 0.0, "pack_threshold": 0}
+    # The policy that saw b wait through the quiet spell caps it.
+    assert first(HeteroSrtfPolicy(ftf_cap=2.0, **settings), early, late) == "b"
+    # Seeing only the burst, it counts 21 jobs over b's whole life: no cap, shortest first.
+    assert first(HeteroSrtfPolicy(ftf_cap=2.0, **settings), late).startswith("s")
+    # Without the cap, shortest first either way.
+    assert first(HeteroSrtfPolicy(ftf_cap=0, **settings), early, late).startswith("s")
