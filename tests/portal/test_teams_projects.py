@@ -54,6 +54,20 @@ def test_a_configured_default_project_is_used(alice, lab):
     assert job_submit(alice, **JOB)[0].project == lab
 
 
+def test_the_default_is_the_marked_membership_personal_or_not(alice, bob, lab):
+    # One query reads both candidates (issue 27); the marked membership wins either way.
+    personal = default_project(alice)  # created on first use, nothing marked yet
+    assert personal.personal_of == alice
+    project_default_set(alice, personal)  # the personal project marked as the default
+    assert default_project(alice) == personal
+    project_default_set(alice, lab)
+    assert default_project(alice) == lab
+    project_default_set(alice, personal)
+    assert default_project(alice) == personal
+    # bob's default is still his own: alice's marks are hers.
+    assert default_project(bob).personal_of == bob
+
+
 def test_members_see_the_projects_jobs_outsiders_get_404(alice, bob, carol, lab):
     job = job_submit(bob, project="lab", **JOB)[0]
     mine = job_submit(bob, **JOB)[0]  # bob's personal project: alice does not see it
