@@ -13,7 +13,6 @@ the job tables must be split (docs/upgrade.md) or reviewed here.
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import subprocess
 import sys
@@ -26,9 +25,9 @@ from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 
 from portal.core.models import Job, JobEvent, Node
-from portal.core.nodes import node_token_create
 from portal.core.scheduling import run_cycle
 from portal.core.services import job_submit
+from tests.nodes import cpu_agent_command
 
 REPO = Path(__file__).resolve().parents[2]
 OUR_APPS = ("core", "front", "ml", "replay", "teams")
@@ -162,15 +161,7 @@ def test_a_job_runs_through_a_migration(live_server, alice, tmp_path):
     if connection.vendor != "postgresql":
         pytest.fail("this test needs PostgreSQL (make test sets DATABASE_URL)")
     newest, previous = _newest_and_previous("core")
-    token = tmp_path / "node.token"
-    token.write_text(node_token_create("migrating-node")[1])
-    argv = [sys.executable, "-m", "workers.agent", "--name", "migrating-node", "--portal"]
-    argv += [live_server.url, "--token-file", str(token), "--backend", "virtual"]
-    argv += ["--kind", "cpu", "--cores", "2", "--interval", "0.3"]
-    argv += ["--data-dir", str(tmp_path / "data")]
-    argv += ["--run-jobs-as", pwd.getpwuid(os.geteuid()).pw_name]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE", "REDIS"))}
-    env.update(COSCHED_NUDGE_URL="")
+    argv, env = cpu_agent_command("migrating-node", live_server.url, tmp_path)
     log_path = tmp_path / "agent.log"
     log = log_path.open("w")
     agent = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -5,10 +5,7 @@ job to completion and is shown as one version older on the cluster page."""
 
 from __future__ import annotations
 
-import os
-import pwd
 import subprocess
-import sys
 import tarfile
 import time
 from io import BytesIO
@@ -17,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from portal.core.models import Job, Node
-from portal.core.nodes import node_token_create
 from portal.core.scheduling import run_cycle
 from portal.core.services import job_submit
+from tests.nodes import cpu_agent_command
 from workers.protocol import (
     OLDEST_AGENT_VERSION,
     PROTOCOL_VERSION,
@@ -63,15 +60,8 @@ def _old_tree(dest: Path) -> Path:
 @pytest.mark.django_db(transaction=True)
 def test_the_previous_agent_runs_a_job_against_the_new_portal(live_server, alice, staff, tmp_path):
     old = _old_tree(tmp_path / "old")
-    token = tmp_path / "node.token"
-    token.write_text(node_token_create("v1-node")[1])
-    argv = [sys.executable, "-m", "workers.agent", "--name", "v1-node", "--portal"]
-    argv += [live_server.url, "--token-file", str(token), "--backend", "virtual"]
-    argv += ["--kind", "cpu", "--cores", "2", "--interval", "0.3"]
-    argv += ["--data-dir", str(tmp_path / "data")]
-    argv += ["--run-jobs-as", pwd.getpwuid(os.geteuid()).pw_name]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DATABASE", "REDIS"))}
-    env.update(PYTHONPATH=str(old), COSCHED_NUDGE_URL="")
+    argv, env = cpu_agent_command("v1-node", live_server.url, tmp_path)
+    env["PYTHONPATH"] = str(old)
     log = (tmp_path / "agent.log").open("w")
     agent = subprocess.Popen(argv, cwd=old, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
