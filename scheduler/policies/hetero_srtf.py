@@ -17,7 +17,9 @@ from the simulator's truth:
    (worst ratio first). ``n`` is the count of jobs present averaged over the job's life, as
    the metric averages it: measured from its arrival to now, the present count for the time
    it has left (with the count of the moment only, a job that waited through a quiet spell and
-   meets a burst looked fairly treated, and the cap rarely fired).
+   meets a burst looked fairly treated, and the cap rarely fired). The average is kept by the
+   policy object: the simulator keeps one for a run; the live loop builds one per cycle, so
+   there it is the count of the moment.
 3. **Who runs.** Jobs are taken in key order until the cluster's GPUs are spoken for. A running
    job defends its GPUs with ``key x (1 - preempt_margin) - preemption_cost_s``: a waiting job
    preempts it only if it is shorter by the margin *and* the restart cost
