@@ -32,17 +32,36 @@ def screenshot(browser: Any, name: str) -> Path:
     return path
 
 
+# How Chromium's driver words an element of a page that was replaced meanwhile, where it does
+# not raise StaleElementReferenceException (seen with Chromium 156 during a form's reload).
+_GONE_NODE = ("does not belong to the document", "No node with given id found")
+
+
 def wait_for(browser: Any, condition: Callable[[Any], Any], what: str, timeout: float = WAIT_S):
     """Wait until ``condition(browser)`` is truthy and return its value; fail naming ``what``.
     An element that goes stale while the condition reads it (the page was replaced by a
-    navigation or its own refresh) counts as "not yet"."""
-    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+    navigation or its own refresh) counts as "not yet", also where Chromium reports it as an
+    inspector error ("Node with given id does not belong to the document") instead of a stale
+    element."""
+    from selenium.common.exceptions import (
+        StaleElementReferenceException,
+        TimeoutException,
+        WebDriverException,
+    )
     from selenium.webdriver.support.ui import WebDriverWait
 
+    def guarded(b: Any) -> Any:
+        try:
+            return condition(b)
+        except StaleElementReferenceException:
+            return False
+        except WebDriverException as exc:
+            if any(marker in str(exc) for marker in _GONE_NODE):
+                return False
+            raise
+
     try:
-        return WebDriverWait(
-            browser, timeout, ignored_exceptions=(StaleElementReferenceException,)
-        ).until(condition)
+        return WebDriverWait(browser, timeout).until(guarded)
     except TimeoutException:
         screenshot(browser, f"timeout-{what}")
         raise AssertionError(
