@@ -32,6 +32,8 @@ from typing import Any
 
 import pytest
 
+from tests.processes import subprocess_database_url
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -179,11 +181,7 @@ def stack(stack_database, django_db_blocker, tmp_path_factory) -> Iterator[Stack
         redis.Redis.from_url(REDIS_URL).flushdb()
     except redis.exceptions.ConnectionError:
         pytest.fail(f"Redis is not reachable at {REDIS_URL}: start it (see .ci/run)")
-    db = connection.settings_dict
-    database_url = (
-        f"postgres://{db['USER'] or 'postgres'}@{db['HOST'] or '127.0.0.1'}:"
-        f"{db['PORT'] or 5432}/{db['NAME']}"
-    )
+    database_url = subprocess_database_url()
     tmp = tmp_path_factory.mktemp("e2e")
     env = {
         **os.environ,

@@ -27,7 +27,7 @@ from django.db.migrations.loader import MigrationLoader
 from portal.core.models import Job, JobEvent, Node
 from portal.core.scheduling import run_cycle
 from portal.core.services import job_submit
-from tests.nodes import cpu_agent_command
+from tests.processes import cpu_agent_command, subprocess_database_url
 
 REPO = Path(__file__).resolve().parents[2]
 OUR_APPS = ("core", "front", "ml", "replay", "teams")
@@ -132,12 +132,7 @@ def test_migrations_hold_no_large_table_unless_reviewed():
 
 
 def _migrate(*args: str) -> subprocess.CompletedProcess[str]:
-    settings = connection.settings_dict
-    url = (
-        f"postgres://{settings['USER']}@{settings['HOST'] or '127.0.0.1'}:"
-        f"{settings['PORT'] or 5432}/{settings['NAME']}"
-    )
-    env = {**os.environ, "DATABASE_URL": url}
+    env = {**os.environ, "DATABASE_URL": subprocess_database_url()}
     return subprocess.run(
         [sys.executable, "manage.py", "migrate", "--noinput", *args],
         cwd=REPO,

@@ -16,7 +16,7 @@ import pytest
 from portal.core.models import Job, Node
 from portal.core.scheduling import run_cycle
 from portal.core.services import job_submit
-from tests.nodes import cpu_agent_command
+from tests.processes import cpu_agent_command
 from workers.protocol import (
     OLDEST_AGENT_VERSION,
     PROTOCOL_VERSION,
