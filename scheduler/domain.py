@@ -489,6 +489,14 @@ class KnowledgeView(Protocol):
         mode: SharingMode,
     ) -> Estimate | None: ...
 
+    def co_run_possible(
+        self,
+        job: JobSpec,
+        gpu_model: str,
+        co_runners: Sequence[JobSpec],
+        mode: SharingMode,
+    ) -> bool: ...
+
 
 @dataclass(frozen=True, slots=True)
 class ClusterState:

@@ -115,8 +115,9 @@ _KNOWN: dict[str, ParamSpec] = {
         ParamSpec(
             "colocation_check",
             CHOICE,
-            "interference model asked whether two jobs may share a GPU at all (null: no check)",
-            choices=_INTERFERENCE,
+            "asked whether two jobs may share a GPU at all: knowledge (the cluster's pair "
+            "prior and observed co-runs) or an interference model (null: no check)",
+            choices=("knowledge", *_INTERFERENCE),
             nullable=True,
         ),
         ParamSpec(

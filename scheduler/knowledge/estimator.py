@@ -219,6 +219,29 @@ class Knowledge:
             math.exp(mean), max(sigma, self.obs_sigma), len(times), f"{len(times)} completed"
         )
 
+    def co_run_possible(
+        self,
+        job: JobSpec,
+        gpu_model: str,
+        co_runners: Sequence[JobSpec],
+        mode: SharingMode,
+    ) -> bool:
+        """False where the pair prior holds that the job cannot run beside ``co_runners`` at
+        all (a co-run speed of 0: measured infeasible, e.g. out of memory) and the job was
+        never seen running beside them; True otherwise (unknown pairs included: the cluster
+        finds out, and an OOM it observes keeps the pair apart through ``JobSpec.oom_with``)."""
+        if not co_runners or self.pair_prior is None:
+            return True
+        others = tuple(sorted({c.type_key() for c in co_runners}))
+        own = job.type_key()
+        if self._corun_by_type.get((gpu_model, mode, others, own)):
+            return True
+        # A pair seen running either way round ran together.
+        if len(others) == 1 and self._corun_by_type.get((gpu_model, mode, (own,), others[0])):
+            return True
+        p = self.pair_prior(job, co_runners, gpu_model, mode)
+        return p is None or p > 0
+
     def co_run_speed(
         self,
         job: JobSpec,

@@ -30,9 +30,12 @@ Feasibility rules (all policies built on ``FrameworkPolicy``):
   jobs stall on their slowest worker, and the measured co-location data are single-GPU.
 - **Gangs** (a job larger than any node): ``scheduler.policies.gangs``.
   end").
-- A shared GPU is no candidate when the ``colocation_check`` model predicts an infinite slowdown
-  (``scheduler.interference``: the pair cannot co-run at all, e.g. Gavel measured it out of
-  memory) for the job next to the residents, or for a resident next to the job. Otherwise a
+- A shared GPU is no candidate when the ``colocation_check`` predicts an infinite slowdown
+  (the pair cannot co-run at all, e.g. Gavel measured it out of memory) for the job next to the
+  residents, or for a resident next to the job. By default (``"knowledge"``,
+  ``KnowledgeCheck``) the cluster's knowledge answers from its pair prior (a pair measured
+  offline as infeasible, never seen running here); a named ``scheduler.interference`` model
+  may answer instead. Otherwise a
   co-locating policy would place the job there, the co-run would be killed at once (an OOM),
   the job requeued and placed there again: an OOM cascade. The waiting reason names the pair.
 - A shared GPU is no candidate for a job that was OOM-killed beside a job of one of its
@@ -54,6 +57,7 @@ from scheduler.domain import (
     SHARING_NEVER,
     GpuSpec,
     JobSpec,
+    KnowledgeView,
     MigProfile,
     NodeKind,
     SharingMode,
@@ -195,6 +199,41 @@ def single_gpu_candidates(
     view.co_run_rejected = [(n, pair) for _, n, pair in rejected]
     view.oom_rejected = [(n, beside) for _, n, beside in oom_rejected]
     return out + shared
+
+
+class KnowledgeCheck:
+    """The ``colocation_check`` ``"knowledge"``: asks ``KnowledgeView.co_run_possible`` (the
+    cluster's pair prior, refined by co-runs it has seen) whether a pair can co-run at all, as
+    an interference model whose slowdown is infinite for an impossible pair and 1 otherwise
+    (only finiteness is read). ``knowledge`` is the snapshot's, else a knowledge with the
+    Gavel table as its prior (``scheduler.knowledge.priors.table_pair_prior``)."""
+
+    name = "knowledge (pair prior)"
+
+    def __init__(self, knowledge: KnowledgeView) -> None:
+        self.knowledge = knowledge
+
+    def slowdown(
+        self, job: JobSpec, co_runners: Sequence[JobSpec], gpu: GpuSpec, mode: SharingMode
+    ) -> float:
+        if not co_runners or mode in (SharingMode.EXCLUSIVE, SharingMode.MIG):
+            return 1.0
+        possible = self.knowledge.co_run_possible(job, gpu.model, co_runners, mode)
+        return 1.0 if possible else math.inf
+
+
+_TABLE_KNOWLEDGE: list[KnowledgeView] = []
+
+
+def table_knowledge() -> KnowledgeView:
+    """A knowledge holding only the Gavel table as its pair prior (built once): what a
+    policy handed no ``ClusterState.knowledge`` asks."""
+    if not _TABLE_KNOWLEDGE:
+        from scheduler.knowledge import Knowledge
+        from scheduler.knowledge.priors import table_pair_prior
+
+        _TABLE_KNOWLEDGE.append(Knowledge(pair_prior=table_pair_prior()))
+    return _TABLE_KNOWLEDGE[0]
 
 
 def co_run_ok(

@@ -49,11 +49,12 @@ Common parameters (``framework_defaults``; policies add their own):
 - ``interference`` (str or None, None): a registered interference model name
   (``scheduler.interference.build_interference``) whose predicted slowdown co-locating policies
   quote in explanations; ``interference_params`` (mapping, None) its parameters.
-- ``colocation_check`` (str or None, "measured"): the interference model the filter asks
-  whether a pair can co-run at all (see the feasibility rules); None turns the check off. The
-  measured table knows the Gavel job types only; for other jobs its fallback is finite, so they
-  pass. When it names the same model as ``interference``, that instance (and its parameters)
-  is used.
+- ``colocation_check`` (str or None, "knowledge"): what the filter asks whether a pair can
+  co-run at all (see the feasibility rules). ``"knowledge"``: the snapshot's knowledge
+  (``ClusterState.knowledge``; its pair prior, e.g. Gavel's table, which knows the Gavel job
+  types only, so other jobs pass), never the simulator's truth; a registered interference model
+  name asks that model instead (when it names the same model as ``interference``, that
+  instance and its parameters); None turns the check off.
 - ``unconsolidated_speed`` (float, 0.74 = ``scheduler.domain.UNCONSOLIDATED_SPEED``): speed of
   a gang relative to one node where its profile has no unconsolidated time (the median of
   Gavel's measured ratios); used in explanations and predicted ends, an estimate only.
@@ -129,7 +130,7 @@ framework_defaults: dict[str, Any] = {
     "weights": None,
     "interference": None,
     "interference_params": None,
-    "colocation_check": "measured",
+    "colocation_check": "knowledge",
     "unconsolidated_speed": UNCONSOLIDATED_SPEED,
     # A job asking for no GPU may run on a GPU node's spare cores (after every CPU node; the
     # node hides every GPU device from it): docs/policies.md.
@@ -190,7 +191,11 @@ class FrameworkPolicy(Policy):
             )
         self.colocation_check: InterferenceModel | None = None
         check = p.get("colocation_check")
-        if self.colocate and check and check != "none":
+        # "knowledge": a ``filtering.KnowledgeCheck`` on each cycle's snapshot (``schedule``).
+        self._check_by_knowledge = bool(self.colocate and check == "knowledge")
+        if self._check_by_knowledge:
+            self.colocation_check = filtering.KnowledgeCheck(filtering.table_knowledge())
+        elif self.colocate and check and check != "none":
             if self.interference is not None and check == p.get("interference"):
                 self.colocation_check = self.interference
             else:
@@ -213,6 +218,10 @@ class FrameworkPolicy(Policy):
         self._oom_seen = any(j.oom_with for j in state.pending) or any(
             r.job.oom_with for r in state.running
         )
+        if self._check_by_knowledge:
+            self.colocation_check = filtering.KnowledgeCheck(
+                state.knowledge if state.knowledge is not None else filtering.table_knowledge()
+            )
         self.begin_cycle(state, view)
         decisions: list[Decision] = []
         waiting: dict[str, str] = {}

@@ -183,6 +183,58 @@ def test_feasible_pair_still_co_locates_and_the_check_can_be_turned_off():
     assert [d.placement.gpu_indices for d in plan.decisions] == [(0,)]
 
 
+def test_the_check_asks_the_snapshots_knowledge_not_a_table():
+    """The default check reads ``ClusterState.knowledge``: a pair its prior holds impossible is
+    refused, one it holds possible shares, whatever Gavel's table says (issue 24: policies read
+    estimates only)."""
+    from dataclasses import replace
+
+    from scheduler.knowledge import Knowledge
+
+    def prior(j, co_runners, gpu_model, mode):
+        # The reverse of the table: the measured-infeasible pair is possible, and a
+        # feasible pair (two ResNet-18) is not.
+        types = {j.job_type, *(c.job_type for c in co_runners)}
+        return 0.0 if types <= {RN18_16, RN18_32} else 0.6
+
+    knowledge = Knowledge(pair_prior=prior)
+    table_infeasible = _one_shared_v100(RN50_128, [job("t", 2, job_type=TF_256)])
+    table_feasible = _one_shared_v100(RN18_16, [job("x", 2, job_type=RN18_32)])
+    policy = build_policy("binpack")
+    assert not policy.schedule(table_infeasible, random.Random(0)).decisions
+    assert policy.schedule(table_feasible, random.Random(0)).decisions
+    for name in CO_LOCATING:
+        policy = build_policy(name)
+        plan = policy.schedule(replace(table_infeasible, knowledge=knowledge), random.Random(0))
+        assert [d.placement.gpu_indices for d in plan.decisions] == [(0,)], name
+        plan = build_policy(name).schedule(
+            replace(table_feasible, knowledge=knowledge), random.Random(0)
+        )
+        assert not plan.decisions, name
+        assert "knowledge (pair prior) interference: infeasible" in plan.waiting["x"], name
+    # Once the cluster saw the pair run, the prior's "impossible" no longer holds.
+    from scheduler.knowledge import Observation, ObservationKind
+
+    knowledge.observe(
+        Observation(
+            kind=ObservationKind.PROGRESS,
+            job_id="old",
+            job_type=RN18_32,
+            at_s=0.0,
+            gpu_model="V100",
+            progress_from=0.0,
+            progress_to=0.1,
+            window_s=60.0,
+            co_runners=(RN18_16,),
+            mode=SharingMode.MPS,
+        )
+    )
+    plan = build_policy("binpack").schedule(
+        replace(table_feasible, knowledge=knowledge), random.Random(0)
+    )
+    assert plan.decisions
+
+
 def test_two_infeasible_newcomers_are_not_paired_within_one_cycle():
     # Two ResNet-50 (bs 128) on one idle V100: the first takes it, the second must not join.
     state = ClusterState(
