@@ -510,6 +510,11 @@ class ClusterState:
     # What the cluster has learned of jobs' speeds (``scheduler.knowledge.Knowledge``): the one
     # place a policy reads estimates from. None: profiles only (older callers, unit tests).
     knowledge: KnowledgeView | None = None
+    # Job id -> the integral of the number of jobs present (queued, running or paused) from
+    # the job's arrival to ``now_s`` (``scheduler.presence``): the history a finish-time-
+    # fairness cap reads. The live loop fills it (its policy is built afresh each cycle);
+    # None: a policy kept between calls counts it itself (the simulator).
+    present_job_s: Mapping[str, float] | None = None
 
     def node(self, name: str) -> NodeState:
         for n in self.nodes:

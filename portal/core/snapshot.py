@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.db.models import DateTimeField, DurationField, ExpressionWrapper, F, Q, Value
 from django.utils import timezone
 
 from portal.core import adapters, jobcontrol, training
 from portal.core.models import Job, Node, Placement, PlacementPart
 from portal.core.observations import build_knowledge
-from portal.core.states import PLACED, JobState
+from portal.core.states import PLACED, TERMINAL, JobState
 from portal.teams.accounting import accounts_snapshot
 from scheduler.domain import (
     ClusterState,
@@ -33,11 +34,13 @@ from scheduler.domain import (
 from scheduler.domain import Placement as DomainPlacement
 from scheduler.domain import PlacementPart as DomainPart
 from scheduler.elastic import state_from_dict as elastic_state_from_dict
+from scheduler.presence import job_seconds_present
 
 log = logging.getLogger(__name__)
 
 # Seconds in a snapshot are counted from this fixed instant (arrival_s, started_s, now_s).
 EPOCH = datetime(2020, 1, 1, tzinfo=UTC)
+_NOT_TERMINAL = [s.value for s in JobState if s not in TERMINAL]
 # Most pending jobs handed to the policy in one cycle (oldest first); the rest wait a cycle.
 MAX_PENDING_PER_CYCLE = 10_000
 
@@ -91,6 +94,35 @@ def _progress_of(job_ids: list[int]) -> dict[int, float]:
             except (TypeError, ValueError):
                 continue
     return result
+
+
+def _present_job_seconds(
+    pending: tuple[JobSpec, ...], running: list[RunningJob], now: datetime
+) -> dict[str, float]:
+    """Job id -> the job-seconds present from each snapshot job's arrival to ``now``
+    (``scheduler.presence``; ``ClusterState.present_job_s``), from the submission and end
+    times of every job present since the earliest arrival: one query of two columns."""
+    arrivals = {j.id: j.arrival_s for j in pending}
+    arrivals.update({r.job.id: r.job.arrival_s for r in running})
+    if not arrivals:
+        return {}
+    since = EPOCH + timedelta(seconds=min(arrivals.values()))
+    # Seconds since EPOCH computed by the database: durations convert ~6x faster than
+    # time-zone-aware datetimes (0.13 against 0.85 s for 100,000 rows on PostgreSQL).
+    epoch = Value(EPOCH, output_field=DateTimeField())
+    rows = (
+        Job.objects.filter(submitted_at__lte=now)
+        .filter(Q(finished_at__gt=since) | Q(finished_at__isnull=True, state__in=_NOT_TERMINAL))
+        .annotate(
+            since_epoch=ExpressionWrapper(F("submitted_at") - epoch, output_field=DurationField()),
+            until_epoch=ExpressionWrapper(F("finished_at") - epoch, output_field=DurationField()),
+        )
+        .values_list("since_epoch", "until_epoch")
+    )
+    intervals = [
+        (s.total_seconds(), None if f is None else f.total_seconds()) for s, f in rows.iterator()
+    ]
+    return job_seconds_present(intervals, arrivals, _seconds(now))
 
 
 def build_snapshot(now: datetime | None = None) -> Snapshot:
@@ -220,6 +252,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
         )
 
     pending = tuple(to_spec(j) for j in pending_rows)
+    present = _present_job_seconds(pending, running, now)
     state = ClusterState(
         now_s=_seconds(now),
         nodes=tuple(node_states),
@@ -230,6 +263,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
         knowledge=build_knowledge(
             {j.type_key() for j in pending} | {r.job.type_key() for r in running}
         ),
+        present_job_s=present,
     )
     return Snapshot(
         state=state,

@@ -17,9 +17,11 @@ from the simulator's truth:
    (worst ratio first). ``n`` is the count of jobs present averaged over the job's life, as
    the metric averages it: measured from its arrival to now, the present count for the time
    it has left (with the count of the moment only, a job that waited through a quiet spell and
-   meets a burst looked fairly treated, and the cap rarely fired). The average is kept by the
-   policy object: the simulator keeps one for a run; the live loop builds one per cycle, so
-   there it is the count of the moment.
+   meets a burst looked fairly treated, and the cap rarely fired). The job-seconds present
+   since a job's arrival come from the snapshot where it carries them
+   (``ClusterState.present_job_s``: the live loop builds a policy per cycle and computes them
+   from the job history), else from the policy object's own count (the simulator keeps one
+   object for a run).
 3. **Who runs.** Jobs are taken in key order until the cluster's GPUs are spoken for. A running
    job defends its GPUs with ``key x (1 - preempt_margin) - preemption_cost_s``: a waiting job
    preempts it only if it is shorter by the margin *and* the restart cost
@@ -333,10 +335,14 @@ class HeteroSrtfPolicy(Policy):
                 # The count of jobs present averaged over the job's life, as the metric does:
                 # measured from its arrival to now (before it was first seen, the count then),
                 # the present count for the time it is predicted to have left.
-                seen = seen_jobs.get(job.id)
-                if seen is None:
-                    seen = seen_jobs[job.id] = (area_now, now, n_jobs)
-                past = area_now - seen[0] + seen[2] * max(0.0, seen[1] - job.arrival_s)
+                history = state.present_job_s
+                if history is not None and job.id in history:
+                    past = history[job.id]  # the live loop's count from the job history
+                else:
+                    seen = seen_jobs.get(job.id)
+                    if seen is None:
+                        seen = seen_jobs[job.id] = (area_now, now, n_jobs)
+                    past = area_now - seen[0] + seen[2] * max(0.0, seen[1] - job.arrival_s)
                 life = max(0.0, age) + best
                 mean_n = (past + n_jobs * best) / life if life > 0 else float(n_jobs)
                 ik = (ck, max(1, round(mean_n)))

@@ -326,3 +326,51 @@ def test_unknown_policy_name_is_reported_and_fifo_runs_instead(alice):
     assert result.placed == [job.pk] and result.fallback == "fifo"
     row = PolicySettings.objects.get(active=True)
     assert "unknown policy 'no_such_policy'" in row.runtime_error
+
+
+def test_the_fairness_cap_reads_the_job_history_live(alice):
+    """The live loop builds ``hetero_srtf`` afresh each cycle, so the jobs-present average its
+    fairness cap reads comes from the job history in the snapshot (``present_job_s``): a job
+    that waited 20,000 s beside one other job goes before 20 short jobs that just arrived,
+    though counting the 21 present now would put the shortest first (issue 24)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from portal.core.models import ApplicationProfile, ProfileGpuTime
+
+    make_node("g1", gpus=1)
+    now = timezone.now()
+    long_p = ApplicationProfile.objects.create(name="long", kind="dl-train", status="approved")
+    ProfileGpuTime.objects.create(profile=long_p, gpu_model="TitanXp", time_s=1000.0)
+    short_p = ApplicationProfile.objects.create(name="short", kind="dl-train", status="approved")
+    ProfileGpuTime.objects.create(profile=short_p, gpu_model="TitanXp", time_s=200.0)
+    # The job that held the GPU from 20,000 s ago until a second ago.
+    hog = submit(alice, "hog")
+    Job.objects.filter(pk=hog.pk).update(
+        state=JobState.COMPLETED,
+        submitted_at=now - timedelta(seconds=20_000),
+        finished_at=now - timedelta(seconds=1),
+    )
+    b = submit(alice, "b", profile=long_p)
+    Job.objects.filter(pk=b.pk).update(submitted_at=now - timedelta(seconds=20_000))
+    shorts = [submit(alice, f"s{i}", profile=short_p) for i in range(20)]
+
+    snap = build_snapshot(now)
+    present = snap.state.present_job_s
+    assert present is not None
+    # b: two jobs present for 19,999 s, then b and the shorts (arrived just now).
+    assert present[str(b.pk)] == pytest.approx(2 * 19_999 + 1, abs=2.0)
+    assert present[str(shorts[0].pk)] == pytest.approx(0.0, abs=21 * 2.0)
+    assert str(hog.pk) not in present  # ended: asked about for no one
+
+    # Without the history a fresh policy counts the moment: a short job first.
+    from dataclasses import replace
+
+    blind = registry.build_policy("hetero_srtf", {"aging": 0.0, "pack_threshold": 0})
+    plan = blind.schedule(replace(snap.state, present_job_s=None), random.Random(0))
+    assert [d.placement.job_id for d in plan.decisions] != [str(b.pk)]
+
+    use_policy("hetero_srtf", aging=0.0, pack_threshold=0, ftf_cap=2.0)
+    result = run_cycle(seed=0)
+    assert result.placed == [b.pk]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -310,3 +311,11 @@ def test_the_ftf_cap_averages_the_jobs_present_over_a_jobs_life() -> None:
     assert first(HeteroSrtfPolicy(ftf_cap=2.0, **settings), late).startswith("s")
     # Without the cap, shortest first either way.
     assert first(HeteroSrtfPolicy(ftf_cap=0, **settings), early, late).startswith("s")
+    # A fresh policy (the live loop's) reads the history from the snapshot instead: b was
+    # one of two jobs present for 20,000 s; the shorts have just arrived.
+    history = {"b": 40_000.0, **{s.id: 0.0 for s in shorts}}
+    told = replace(late, present_job_s=history)
+    assert first(HeteroSrtfPolicy(ftf_cap=2.0, **settings), told) == "b"
+    # History that says the cluster was as busy all along leaves the shortest first.
+    crowded = replace(late, present_job_s={**history, "b": 21 * 20_000.0})
+    assert first(HeteroSrtfPolicy(ftf_cap=2.0, **settings), crowded).startswith("s")
