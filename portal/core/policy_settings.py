@@ -190,7 +190,8 @@ _KNOWN: dict[str, ParamSpec] = {
         ParamSpec(
             "max_preemptions",
             INT,
-            "hetero_srtf: preemptions (moves included) of one job before it keeps its GPUs",
+            "hetero_srtf: preemptions (moves included) of one job before it keeps its GPUs, "
+            "whatever its length",
             0,
             10_000,
         ),
@@ -283,10 +284,25 @@ _KNOWN: dict[str, ParamSpec] = {
         ParamSpec(
             "churn_budget",
             FLOAT,
-            "hetero_srtf: at most this share of running jobs (at least one) requeued per cycle "
-            "(1: no limit)",
+            "hetero_srtf: at most this share of running jobs (and at least churn_min) requeued "
+            "per cycle (1: no limit)",
             0,
             1,
+        ),
+        ParamSpec(
+            "churn_min",
+            INT,
+            "hetero_srtf: jobs a cycle may always requeue, however small the cluster",
+            1,
+            10_000_000,
+        ),
+        ParamSpec(
+            "max_restart_share",
+            FLOAT,
+            "hetero_srtf: a job keeps its GPUs once its restarts reach this share of its "
+            "estimated run time (0: the preemption count alone)",
+            0,
+            10,
         ),
         # slowdown_dr (paper 000, Algorithm 1; docs/slowdown.md)
         ParamSpec(

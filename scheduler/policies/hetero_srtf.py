@@ -26,9 +26,11 @@ from the simulator's truth:
    job defends its GPUs with ``key x (1 - preempt_margin) - preemption_cost_s``: a waiting job
    preempts it only if it is shorter by the margin *and* the restart cost
    (``should_preempt``: swapping two jobs saves ``r_running - r_waiting - cost`` seconds of
-   total JCT). A job preempted ``max_preemptions`` times is no longer preempted for other
-   jobs, but still moves to a faster model when one frees up (it is never pinned on a slow
-   GPU by the cap).
+   total JCT). A job whose restarts (preemptions x ``preemption_cost_s``) reach
+   ``max_restart_share`` of its estimated length, or that was preempted ``max_preemptions``
+   times, is no longer preempted for other jobs, but still moves to a faster model when one
+   frees up (it is never pinned on a slow GPU by the cap). A long job may thus yield to short
+   ones many times (its restarts stay a small share of it), a short one a few times.
 4. **Which GPU model** (``assign_models``): the chosen jobs go to the models where they lose
    least against their own fastest model (cost ``remaining(g) / best``: the job's slowdown on
    g; a running job pays ``preemption_cost_s`` to move), first greedily in key order, then by
@@ -59,15 +61,23 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
 - ``preemption_cost_s`` (60): estimated checkpoint-and-restart time; a preemption or move
   must save more than this (the simulator passes its ``--preemption-cost-s``).
 - ``preempt_margin`` (0.1): a waiting job must be this fraction shorter than a running one.
-- ``max_preemptions`` (5): preemptions (moves included) of one job before it keeps its GPUs.
+- ``max_preemptions`` (100): preemptions (moves included) of one job before it keeps its GPUs,
+  whatever its length.
+- ``max_restart_share`` (0.1): a job keeps its GPUs once its restarts (preemptions x
+  ``preemption_cost_s``) reach this share of its estimated run time on its fastest model
+  (0: the count alone).
 - ``pack_threshold`` (1.2): pack two jobs on a GPU when their estimated pair throughput
   reaches this many jobs' worth (0: never pack).
 - ``ftf_cap`` (2): finish-time-fairness cap; jobs predicted at or above it go first, and each
   may take one running job's GPUs beyond the churn budget (0: off). 2 is issue 24's bound.
 - ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
-- ``churn_budget`` (0.02): at most this share of the running jobs (at least one) is requeued
-  (preempted or moved) per cycle; the longest go first, the others keep their GPUs until a
-  later cycle still finds the change worth its margin and restart cost (1: no limit).
+- ``churn_budget`` (0.02): at most this share of the running jobs (and at least
+  ``churn_min``) is requeued (preempted or moved) per cycle; the longest go first, the others
+  keep their GPUs until a later cycle still finds the change worth its margin and restart
+  cost (1: no limit).
+- ``churn_min`` (8): jobs a cycle may always requeue, however small the cluster: the share
+  bounds checkpoint storms on large clusters (1,600 jobs at 80,000 GPUs), while 2 % of a
+  36-GPU cluster would be one job per cycle, and short jobs would queue behind long ones.
 - ``replan_limit`` (512): with more running jobs than this, a running job that no waiting job
   could preempt (its defended key at most the smallest waiting key; estimated from its fastest
   model) keeps its GPUs and model without entering the assignment, so a cycle's work grows
@@ -166,12 +176,14 @@ class HeteroSrtfPolicy(Policy):
         "aging": 0.5,
         "preemption_cost_s": 60.0,
         "preempt_margin": 0.1,
-        "max_preemptions": 5,
+        "max_preemptions": 100,
         "pack_threshold": 1.2,
         "ftf_cap": 2.0,
         "tick_s": 0.0,
         "replan_limit": 512,
         "churn_budget": 0.02,
+        "churn_min": 8,
+        "max_restart_share": 0.1,
     }
 
     def __init__(self, **params: Any) -> None:
@@ -187,6 +199,8 @@ class HeteroSrtfPolicy(Policy):
             tick = float(p["tick_s"])
             self.replan_limit = int(p["replan_limit"])
             self.churn_budget = float(p["churn_budget"])
+            self.churn_min = int(p["churn_min"])
+            self.restart_share = float(p["max_restart_share"])
         except (TypeError, ValueError) as exc:
             raise PolicyError(f"policy 'hetero_srtf': bad parameter ({exc})") from None
         checks = (
@@ -199,6 +213,8 @@ class HeteroSrtfPolicy(Policy):
             ("tick_s", 0 <= tick <= 1e7),
             ("replan_limit", 0 <= self.replan_limit <= 10_000_000),
             ("churn_budget", 0 <= self.churn_budget <= 1),
+            ("churn_min", 1 <= self.churn_min <= 10_000_000),
+            ("max_restart_share", 0 <= self.restart_share <= 10),
         )
         for name, ok in checks:
             if not ok:
@@ -248,6 +264,11 @@ class HeteroSrtfPolicy(Policy):
         if ea is None or eb is None or ea.value <= 0 or eb.value <= 0:
             return None
         return min(1.0, ea.value), min(1.0, eb.value)
+
+    def _churn_allowance(self, running: int) -> int:
+        """Jobs that may leave their GPUs this cycle: ``churn_budget`` of the running jobs, and
+        never fewer than ``churn_min``."""
+        return max(self.churn_min, math.floor(self.churn_budget * running))
 
     def _count_jobs_present(self, state: ClusterState, now: float, n_jobs: int) -> None:
         """Advance the job-seconds present to ``now`` (the count since the last cycle held
@@ -403,7 +424,7 @@ class HeteroSrtfPolicy(Policy):
                 key in multi and gpu_jobs[key][0] != rj.job.id for key in rpl.gpu_keys
             )
             here = node_model.get(rpl.node)
-            pinned = self.preempted(rj.job) >= self.max_preemptions
+            pinned = self._pinned(rj.job, models, solos)
             if bounded and not shared and here is not None:
                 # A job no waiting job could preempt keeps its GPUs without a full estimate.
                 quick = self._quick_key(rj, now, models, solos)
@@ -470,7 +491,7 @@ class HeteroSrtfPolicy(Policy):
         # restart cost are the hysteresis).
         # Jobs over the finish-time-fairness cap are not held back by it: each may take the
         # GPUs of one more running job (the cap binds where the budget would defer it).
-        budget = max(1, math.floor(self.churn_budget * len(state.running)))
+        budget = self._churn_allowance(len(state.running))
         budget += sum(1 for c in chosen if c.running is None and c.key < 0)
         if len(leaving) > budget:
             leaving.sort(key=lambda c: (-rank(c)[0], c.job.arrival_s, c.job.id))
@@ -519,7 +540,7 @@ class HeteroSrtfPolicy(Policy):
             hosts.append((c, pl))
         # Work conserving: idle GPUs take the next jobs in key order (guests first in order).
         rest = [c for c in pending if c.job.id not in started and c.job.id not in waiting]
-        rest += [g for g in guests if self.preempted(g.job) < self.max_preemptions]
+        rest += [g for g in guests if not g.pinned]
         rest.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
         if any(f.total() for f in free.values()):
             for c in rest:
@@ -710,7 +731,7 @@ class HeteroSrtfPolicy(Policy):
             if best_m:
                 movers.append((best_gain, rj.job.id, rj, best_m))
         movers.sort(key=lambda x: (-x[0], x[1]))
-        del movers[max(1, math.floor(self.churn_budget * len(state.running))) :]  # churn budget
+        del movers[self._churn_allowance(len(state.running)) :]  # churn budget
         for _, _, rj, m in movers:
             need_cores = max(1, rj.job.cpus)
             back = {p.node: p.cpus for p in rj.placement.parts}
@@ -758,21 +779,41 @@ class HeteroSrtfPolicy(Policy):
             given = 0
         return max(self.preemptions.get(job.id, 0), given)
 
+    def _pinned(self, job: JobSpec, models: Sequence[str], solos: dict[int, float | None]) -> bool:
+        """Whether a running job keeps its GPUs against other jobs (it may still move to an
+        idle, faster GPU): after ``max_preemptions`` preemptions, or once the restart time
+        they cost (``preemption_cost_s`` each) reaches ``max_restart_share`` of its estimated
+        run time on its fastest model, so restarts slow it by about that share at most."""
+        n = self.preempted(job)
+        if n >= self.max_preemptions:
+            return True
+        if n == 0 or self.restart_share <= 0:
+            return False
+        solo = self._fastest_solo(job, models, solos)
+        return solo is not None and n * self.cost_s >= self.restart_share * solo
+
+    def _fastest_solo(
+        self, job: JobSpec, models: Sequence[str], solos: dict[int, float | None]
+    ) -> float | None:
+        """The job's profiled time on its fastest model of ``models`` (consolidated), cached
+        per profile object in ``solos`` within a cycle."""
+        prof = job.profile
+        if prof is None:
+            return None
+        pid = id(prof)
+        if pid in solos:
+            return solos[pid]
+        times = [t for m, t in prof.gpu_time_s.items() if t > 0 and m in models]
+        solo = solos[pid] = min(times) if times else None
+        return solo
+
     def _quick_key(
         self, rj: RunningJob, now: float, models: Sequence[str], solos: dict[int, float | None]
     ) -> float | None:
         """A running job's key from its fastest model's consolidated time (no spread or memory
         filter): enough to tell that no waiting job could preempt it. ``solos`` caches the
         fastest time per profile object within a cycle."""
-        prof = rj.job.profile
-        if prof is None:
-            return None
-        pid = id(prof)
-        if pid in solos:
-            solo = solos[pid]
-        else:
-            times = [t for m, t in prof.gpu_time_s.items() if t > 0 and m in models]
-            solo = solos[pid] = min(times) if times else None
+        solo = self._fastest_solo(rj.job, models, solos)
         if solo is None:
             return None
         return priority_key(

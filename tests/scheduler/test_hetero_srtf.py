@@ -270,9 +270,17 @@ def test_the_churn_budget_bounds_requeues_per_cycle() -> None:
     )
     free = HeteroSrtfPolicy(churn_budget=1.0, pack_threshold=0).schedule(state, random.Random(0))
     assert sorted(a.job_id for a in free.actions) == ["l0", "l1", "l2", "l3"]
-    capped = HeteroSrtfPolicy(pack_threshold=0).schedule(state, random.Random(0))
+    capped = HeteroSrtfPolicy(pack_threshold=0, churn_min=1).schedule(state, random.Random(0))
     assert [a.job_id for a in capped.actions] == ["l3"]
     assert len(capped.decisions) == 1
+    # churn_min: a small cluster may always re-plan that many jobs (2 % of 4 is none).
+    two = HeteroSrtfPolicy(pack_threshold=0, churn_min=2).schedule(state, random.Random(0))
+    assert sorted(a.job_id for a in two.actions) == ["l2", "l3"]
+    # Above churn_min jobs' worth, the share rules: 50 % of 4 running jobs.
+    half = HeteroSrtfPolicy(pack_threshold=0, churn_min=1, churn_budget=0.5).schedule(
+        state, random.Random(0)
+    )
+    assert sorted(a.job_id for a in half.actions) == ["l2", "l3"]
 
 
 def test_the_ftf_cap_averages_the_jobs_present_over_a_jobs_life() -> None:
@@ -319,3 +327,38 @@ def test_the_ftf_cap_averages_the_jobs_present_over_a_jobs_life() -> None:
     # History that says the cluster was as busy all along leaves the shortest first.
     crowded = replace(late, present_job_s={**history, "b": 21 * 20_000.0})
     assert first(HeteroSrtfPolicy(ftf_cap=2.0, **settings), crowded).startswith("s")
+
+
+def test_restarts_bound_preemptions_by_their_share_of_the_jobs_length() -> None:
+    """A running job keeps its GPUs once its restarts (preemptions x preemption_cost_s) reach
+    ``max_restart_share`` of its estimated length: a long job preempted five times (5 min of
+    restarts in 28 h) still yields to a short one; a 2,000-s job with four (240 s >= 10 %)
+    does not."""
+    from dataclasses import replace as with_
+
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState, Placement, RunningJob
+
+    def one_k80(running: JobSpec, preemptions: int) -> ClusterState:
+        running = with_(running, params={"preemptions": preemptions})
+        busy = GpuState("k", 0, gpu_spec("K80"), SharingMode.EXCLUSIVE, (running.id,))
+        return ClusterState(
+            now_s=10.0,
+            nodes=(gpu_node("k", "K80", 1, gpus={0: busy}),),
+            pending=(gjob("s", {"K80": 100.0}, arrival=5.0),),
+            running=(
+                RunningJob(running, Placement(running.id, "k", (0,), SharingMode.EXCLUSIVE), 0.0),
+            ),
+        )
+
+    def preempts(state: ClusterState, **params: float) -> bool:
+        plan = HeteroSrtfPolicy(pack_threshold=0, **params).schedule(state, random.Random(0))
+        return [a.job_id for a in plan.actions] == [state.running[0].job.id]
+
+    long_job = gjob("long", {"K80": 100_000.0})
+    assert preempts(one_k80(long_job, 5))
+    assert not preempts(one_k80(long_job, 5), max_preemptions=5)  # the count alone: pinned
+    mid = gjob("mid", {"K80": 2_000.0})
+    assert preempts(one_k80(mid, 3))  # 180 s of restarts < 200 s
+    assert not preempts(one_k80(mid, 4))  # 240 s >= 200 s
+    assert preempts(one_k80(mid, 4), max_restart_share=0)  # the share off: the count rules
