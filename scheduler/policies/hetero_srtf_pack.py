@@ -6,6 +6,7 @@ when the estimated pair throughput reaches the threshold, the best pair first.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from scheduler.domain import (
     Decision,
@@ -23,13 +24,49 @@ from scheduler.policies.hetero_srtf_gpus import fmt_h, may_pack
 class _Hosts:
     """The hosts of one group not taken yet, in host order, by the memory their job needs:
     the first host that holds a job's memory is the first untaken of one of these lists
-    (usually one per group), so a waiting job never walks the hosts too full for it."""
+    (usually one per group), so a waiting job never walks the hosts too full for it.
 
-    def __init__(self, members: Sequence[tuple[tuple[tuple[str, int], ...], Cand]]) -> None:
+    The members are looked at lazily, in order, as far as a waiting job needs (a group of a
+    large cluster holds tens of thousands of hosts; a cycle takes a few of them):
+    ``keys_of(item, host)`` gives a member's GPU keys, or None when it may not be joined after
+    all; by default ``item`` is the keys."""
+
+    def __init__(
+        self,
+        members: Sequence[tuple[Any, Cand]],
+        keys_of: Callable[[Any, Cand], tuple[tuple[str, int], ...] | None] | None = None,
+    ) -> None:
+        self.members = members
+        self.keys_of = keys_of
+        self.scanned = 0  # members before this one are in by_mem (or were not usable)
         self.by_mem: dict[float, list[tuple[int, tuple[tuple[str, int], ...], Cand]]] = {}
-        for order, (keys, h) in enumerate(members):
-            self.by_mem.setdefault(h.job.memory_need_mb(), []).append((order, keys, h))
-        self.next = dict.fromkeys(self.by_mem, 0)
+        self.next: dict[float, int] = {}
+
+    def _scan_one(self) -> tuple[int, float] | None:
+        """Look at the next member: (its order, its memory) once it is filed; None when every
+        member was looked at. A member that may not be joined is passed over."""
+        while self.scanned < len(self.members):
+            order = self.scanned
+            self.scanned += 1
+            item, h = self.members[order]
+            keys = item if self.keys_of is None else self.keys_of(item, h)
+            if keys is None:
+                continue
+            mem = h.job.memory_need_mb()
+            lst = self.by_mem.get(mem)
+            if lst is None:
+                lst = self.by_mem[mem] = []
+                self.next[mem] = 0
+            lst.append((order, keys, h))
+            return order, mem
+        return None
+
+    def first(self) -> Cand | None:
+        """The first member that may be joined (taken or not), None if there is none."""
+        while not self.by_mem:
+            if self._scan_one() is None:
+                return None
+        return min(hosts[0] for hosts in self.by_mem.values())[2]
 
     def first_fit(
         self, need_mb: float, capacity_mb: float
@@ -42,8 +79,14 @@ class _Hosts:
                 continue
             if best is None or hosts[i][0] < best[0]:
                 best = (hosts[i][0], mem)
-        if best is None:
-            return None
+        # Every member looked at so far comes before those not looked at yet: with none of
+        # them free and fitting, the first fitting one further on is the answer.
+        while best is None:
+            got = self._scan_one()
+            if got is None:
+                return None
+            if got[1] + need_mb <= capacity_mb:
+                best = got
         _, keys, h = self.by_mem[best[1]][self.next[best[1]]]
         return best[1], keys, h
 
@@ -79,29 +122,52 @@ def pack_waiting(
     ]
     if not joiners:
         return
-    # Only hosts of a (GPU count, owner) that some waiting job has can be joined.
+    # Only hosts of a (GPU count, owner) that some waiting job has can be joined. One pass
+    # over the hosts files them by group with the cheap tests; the dearer ones (shared GPUs,
+    # whether the host's job may share, its GPU keys) are made lazily, in host order, for the
+    # hosts a waiting job actually looks at (``_Hosts``). Non-guest hosts never share a GPU,
+    # so no two have the same GPU keys.
     wanted = {(c.gpus, c.job.owner) for c in joiners}
     mps = {m for m, spec in specs.items() if spec.supports(SharingMode.MPS)}
     multi = {k for k, ids in gpu_jobs.items() if len(ids) > 1}
-    host_of: dict[Key, Cand] = {}
+    groups: dict[tuple[int, str, str | None, str | None], list[tuple[Placement, Cand]]] = {}
     for h, pl in hosts:
-        if (h.gpus, h.job.owner) in wanted and not h.guest and h.placed_model in mps:
-            host_of[pl.gpu_keys] = h
-    groups: dict[tuple[int, str, str | None, str | None], list[tuple[Key, Cand]]] = {}
-    for keys, h in host_of.items():
+        if h.guest:
+            continue
         m = h.placed_model
-        assert m is not None  # in mps
-        if h.running is not None and h.running.placement.mode != SharingMode.MPS:
+        if m not in mps:
             continue
+        job = h.job
+        if (h.gpus, job.owner) not in wanted:
+            continue
+        r = h.running
+        if r is not None and r.placement.mode != SharingMode.MPS:
+            continue
+        gkey = (h.gpus, m, job.job_type, job.owner)
+        members = groups.get(gkey)
+        if members is None:
+            members = groups[gkey] = []
+        members.append((pl, h))
+
+    def keys_of(pl: Placement, h: Cand) -> Key | None:
+        keys = pl.gpu_keys
         if multi and any(k in multi for k in keys):
-            continue
-        if not may_pack(h.job):
-            continue
-        groups.setdefault((h.gpus, m, h.job.job_type, h.job.owner), []).append((keys, h))
+            return None
+        return keys if may_pack(h.job) else None
+
     by_size: dict[int, list[tuple[str, str | None, str | None]]] = {}
     for k, m, t, o in groups:
         by_size.setdefault(k, []).append((m, t, o))
     free_hosts: dict[tuple[int, str, str | None, str | None], _Hosts] = {}
+
+    def hosts_of_group(gkey: tuple[int, str, str | None, str | None]) -> _Hosts:
+        got = free_hosts.get(gkey)
+        if got is None:
+            got = free_hosts[gkey] = _Hosts(groups[gkey], keys_of)
+        return got
+
+    # An upper bound on the hosts left (the lazy tests may pass over some): once it is 0
+    # nobody else can join.
     left = sum(len(v) for v in groups.values())
     # Groups by pair value, best first, per (job type, GPU count, owner): the value depends
     # only on the types and the model, so each waiting job walks its list down to the first
@@ -119,8 +185,10 @@ def pack_waiting(
             for m, t, owner in by_size.get(c.gpus, ()):
                 if owner != c.job.owner:
                     continue
-                members = groups[(c.gpus, m, t, owner)]
-                norms = pair_norms(c.job, members[0][1].job, specs[m])
+                first = hosts_of_group((c.gpus, m, t, owner)).first()
+                if first is None:  # no host of the group may be joined
+                    continue
+                norms = pair_norms(c.job, first.job, specs[m])
                 if norms is None or not worth_packing(norms[0], norms[1], threshold):
                     continue
                 ranking.append((pair_value(*norms), m, t))
@@ -131,10 +199,7 @@ def pack_waiting(
         for value, m, t in ranking:
             if m not in c.rem:
                 continue
-            gkey = (c.gpus, m, t, c.job.owner)
-            hosts_of = free_hosts.get(gkey)
-            if hosts_of is None:
-                hosts_of = free_hosts[gkey] = _Hosts(groups[gkey])
+            hosts_of = hosts_of_group((c.gpus, m, t, c.job.owner))
             hit = hosts_of.first_fit(need_mb, specs[m].memory_mb)
             if hit is not None:
                 mem, keys, h = hit
