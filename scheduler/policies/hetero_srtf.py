@@ -612,9 +612,14 @@ class HeteroSrtfPolicy(Policy):
         # Jobs it cannot estimate: the framework's fifo on what is left.
         if others:
             requeued = {a.job_id for a in actions}
-            specs_by_id = {c.job.id: c.job for c in pending} | {c.job.id: c.job for c in running}
-            specs_by_id |= {c.job.id: c.job for c in guests}
-            specs_by_id |= {c.job.id: c.job for c in fixed}
+            # The specs of the jobs placed by this plan (later groups win, as before).
+            decided = {d.placement.job_id for d in decisions}
+            specs_by_id = {
+                c.job.id: c.job
+                for group in (pending, running, guests, fixed)
+                for c in group
+                if c.job.id in decided
+            }
             placed_now = tuple(
                 RunningJob(specs_by_id[d.placement.job_id], d.placement, now, 0.0)
                 for d in decisions

@@ -105,7 +105,7 @@ def residual_nodes(
     placed: dict[tuple[str, int], list[tuple[JobSpec | None, Placement]]] = {}
     cores_used: dict[str, int] = {}
     freed: dict[str, float] = {}
-    running = {r.job.id: r for r in state.running}
+    running = {r.job.id: r for r in state.running if r.job.id in requeued}
     for jid in requeued:
         rj = running.get(jid)
         if rj is None:
