@@ -314,6 +314,7 @@ class HeteroSrtfPolicy(Policy):
         # current model, gang): jobs of one profile share them within a cycle.
         solo_times: dict[tuple[int, int, float, str | None, bool], list[tuple[str, float]]] = {}
         isolated: dict[tuple[tuple[int, int, float, str | None, bool], int], float] = {}
+        aging = self.aging
 
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
             if job.profile is None:
@@ -336,14 +337,16 @@ class HeteroSrtfPolicy(Policy):
                     and t > 0
                     and (m == here or (counts[m] >= k and specs[m].memory_mb >= need))
                 ]
-            left = remaining_fraction(progress)
+            # remaining_fraction and priority_key, written out (called ~30,000 times a cycle
+            # on the largest benchmark): the same arithmetic.
+            left = OVERRUN_LEFT if progress >= 1.0 else max(0.0, 1.0 - progress)
             rem = {m: left * t for m, t in times}  # as remaining_times
             if not rem:
                 return None
             best = min(rem.values())
             solo_best = best / left if left > 0 else best
             age = now - job.arrival_s
-            key = priority_key(best, solo_best, age, self.aging)
+            key = best if solo_best <= 0 else best / (1.0 + aging * max(0.0, age) / solo_best)
             if ftf > 0:
                 # The count of jobs present averaged over the job's life, as the metric does:
                 # measured from its arrival to now (before it was first seen, the count then),
@@ -399,7 +402,13 @@ class HeteroSrtfPolicy(Policy):
         # GPUs and model without a full estimate (bounded work on large clusters).
         # (A fixed job is not seen by the fairness cap's count until it is re-planned.)
         bounded = len(state.running) > self.replan_limit
-        multi = {key for key, ids in gpu_jobs.items() if len(ids) > 1}  # GPUs shared now
+        multi = {  # GPUs shared now (only nodes with a shared GPU are looked at)
+            (e.state.name, g.index)
+            for e in entries
+            if e.shared
+            for g in e.state.gpus
+            if len(g.job_ids) > 1
+        }
         solos: dict[int, float | None] = {}  # id(profile) -> its fastest time (quick keys)
         modes = (SharingMode.MPS, SharingMode.EXCLUSIVE)
         # The loop below runs once per running job (80,000 on the largest benchmark), so
@@ -408,7 +417,7 @@ class HeteroSrtfPolicy(Policy):
         # model's consolidated time (no spread or memory filter): enough to tell that no
         # waiting job could preempt it; ``solos`` caches that time per profile object.
         counted, max_pre = self.preemptions, self.max_preemptions
-        aging, keep_frac, cost_s = self.aging, 1.0 - self.margin, self.cost_s
+        keep_frac, cost_s = 1.0 - self.margin, self.cost_s
         model_set = set(models)
         for rj in state.running:
             rpl = rj.placement
@@ -500,7 +509,14 @@ class HeteroSrtfPolicy(Policy):
         budget = max(1, math.floor(self.churn_budget * len(state.running)))
         budget += sum(1 for c in chosen if c.running is None and c.key < 0)
         if len(leaving) > budget:
-            leaving.sort(key=lambda c: (-rank(c)[0], c.job.arrival_s, c.job.id))
+            # (-rank(c)[0], arrival, id), written out
+            leaving.sort(
+                key=lambda c: (
+                    _INF if c.pinned else -(c.key * keep_frac - cost_s),
+                    c.job.arrival_s,
+                    c.job.id,
+                )
+            )
             # the deferred keep their GPUs; jobs chosen for them wait (placement fails)
             keep.extend(leaving[budget:])
             leaving = leaving[:budget]
@@ -591,6 +607,7 @@ class HeteroSrtfPolicy(Policy):
                 cores,
                 decisions,
                 pair_norms=self._pair_norms,
+                shared={key for key in multi if len(gpu_jobs[key]) > 1},  # requeues only remove
                 threshold=self.pack_threshold,
                 policy=self.name,
             )

@@ -108,9 +108,11 @@ def pack_waiting(
     pair_norms: Callable[[JobSpec, JobSpec, GpuSpec], tuple[float, float] | None],
     threshold: float,
     policy: str,
+    shared: set[tuple[str, int]] | None = None,
 ) -> None:
     """Step 6 of ``scheduler.policies.hetero_srtf``: waiting jobs join single-job GPUs (best
     pair); ``pair_norms`` gives the two jobs' co-run speeds on a model (None: not packed).
+    ``shared``: the keys of ``gpu_jobs`` with more than one job, when the caller knows them.
 
     Hosts are grouped by (GPU count, model, job type, owner): the pair value depends only
     on that, so each waiting job looks at the groups, not at every host."""
@@ -129,7 +131,7 @@ def pack_waiting(
     # so no two have the same GPU keys.
     wanted = {(c.gpus, c.job.owner) for c in joiners}
     mps = {m for m, spec in specs.items() if spec.supports(SharingMode.MPS)}
-    multi = {k for k, ids in gpu_jobs.items() if len(ids) > 1}
+    multi = {k for k, ids in gpu_jobs.items() if len(ids) > 1} if shared is None else shared
     groups: dict[tuple[int, str, str | None, str | None], list[tuple[Placement, Cand]]] = {}
     for h, pl in hosts:
         if h.guest:
