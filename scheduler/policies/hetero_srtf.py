@@ -629,11 +629,11 @@ class HeteroSrtfPolicy(Policy):
         # Jobs it cannot estimate: the framework's fifo on what is left.
         if others:
             requeued = {a.job_id for a in actions}
-            # The specs of the jobs placed by this plan (later groups win, as before).
+            # The specs of the jobs placed by this plan (fixed jobs are never placed).
             decided = {d.placement.job_id for d in decisions}
             specs_by_id = {
                 c.job.id: c.job
-                for group in (pending, running, guests, fixed)
+                for group in (pending, running, guests)
                 for c in group
                 if c.job.id in decided
             }

@@ -10,6 +10,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from scheduler.domain import JobSpec, Placement, RunningJob
 
 _INF = math.inf
@@ -221,8 +223,6 @@ def _swaps_vector(
     (model, size) as the row numbers of its jobs, in the order the plain version keeps them
     (greedy order when a round starts, then the kept jobs followed by the ones swapped in).
     Same gains, same ties (a stable sort by gain, then by position), same result."""
-    import numpy as np
-
     items = list(by_id.values())
     cost = np.array([row for _, row in items], dtype=float)
     col = {m: i for i, m in enumerate(models)}
