@@ -419,6 +419,7 @@ class HeteroSrtfPolicy(Policy):
         counted, max_pre = self.preemptions, self.max_preemptions
         keep_frac, cost_s = 1.0 - self.margin, self.cost_s
         model_set = set(models)
+        has_multi = bool(multi)
         for rj in state.running:
             rpl = rj.placement
             if rj.paused or not rpl.gpu_indices:
@@ -426,17 +427,16 @@ class HeteroSrtfPolicy(Policy):
             if rpl.mode not in modes:
                 continue  # time-sliced or MIG by someone else: left alone
             job = rj.job
-            shared = bool(multi) and any(
+            shared = has_multi and any(
                 key in multi and gpu_jobs[key][0] != job.id for key in rpl.gpu_keys
             )
             here = node_model.get(rpl.node)
-            pinned = (self.preempted(job) if job.params else counted.get(job.id, 0)) >= max_pre
+            pinned: bool | None = None  # looked up when needed
             if bounded and not shared and here is not None and job.profile is not None:
                 # A job no waiting job could preempt keeps its GPUs without a full estimate.
                 pid = id(job.profile)
-                if pid in solos:
-                    solo = solos[pid]
-                else:
+                solo = solos.get(pid, _INF)
+                if solo == _INF:
                     times = [
                         t for m, t in job.profile.gpu_time_s.items() if t > 0 and m in model_set
                     ]
@@ -445,11 +445,25 @@ class HeteroSrtfPolicy(Policy):
                     prog = rj.progress
                     left = OVERRUN_LEFT if prog >= 1.0 else max(0.0, 1.0 - prog)
                     quick = left * solo / (1.0 + aging * max(0.0, now - job.arrival_s) / solo)
-                    if pinned or quick * keep_frac - cost_s <= min_pending:
-                        f = Cand(job, {}, 0.0, quick, running=rj, model=here, pinned=True)
+                    if quick * keep_frac - cost_s <= min_pending or (
+                        pinned := (self.preempted(job) if job.params else counted.get(job.id, 0))
+                        >= max_pre
+                    ):
+                        f = Cand(
+                            job,
+                            {},
+                            0.0,
+                            quick,
+                            running=rj,
+                            model=here,
+                            pinned=True,
+                            placed_model=here,
+                        )
                         fixed.append(f)
                         capacity[here] -= f.gpus
                         continue
+            if pinned is None:
+                pinned = (self.preempted(job) if job.params else counted.get(job.id, 0)) >= max_pre
             c = make(job, rj)
             if c is None:
                 continue
@@ -542,11 +556,12 @@ class HeteroSrtfPolicy(Policy):
         cores = dict(free_cores)
         started: set[str] = set()
         hosts: list[tuple[Cand, Placement]] = []  # jobs on their GPUs after the plan
-        keep.extend(fixed)
         for c in keep:
             c.placed_model = c.model
             if c.running is not None:
                 hosts.append((c, c.running.placement))
+        # The fixed jobs last (their placed_model is set when made).
+        hosts.extend([(f, f.running.placement) for f in fixed])  # type: ignore[union-attr]
         for c in to_start:
             m = assignment[c.job.id]
             pl = self._place(c, m, free[m], cores)
