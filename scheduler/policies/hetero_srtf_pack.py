@@ -27,9 +27,9 @@ class _Hosts:
     (usually one per group), so a waiting job never walks the hosts too full for it.
 
     The members are looked at lazily, in order, as far as a waiting job needs (a group of a
-    large cluster holds tens of thousands of hosts; a cycle takes a few of them):
-    ``keys_of(item, host)`` gives a member's GPU keys, or None when it may not be joined after
-    all; by default ``item`` is the keys."""
+    large cluster holds tens of thousands of hosts; a cycle takes a few of them), and whether
+    one may be joined at all only when it could be the answer: ``keys_of(item, host)`` gives
+    a member's GPU keys, or None when it may not be joined; by default ``item`` is the keys."""
 
     def __init__(
         self,
@@ -38,60 +38,72 @@ class _Hosts:
     ) -> None:
         self.members = members
         self.keys_of = keys_of
-        self.scanned = 0  # members before this one are in by_mem (or were not usable)
-        self.by_mem: dict[float, list[tuple[int, tuple[tuple[str, int], ...], Cand]]] = {}
-        self.next: dict[float, int] = {}
+        self.scanned = 0  # members before this one are filed in by_mem
+        self.by_mem: dict[float, list[int]] = {}  # memory -> member numbers, in order
+        self.next: dict[float, int] = {}  # memory -> its first member not taken
+        self.keys: dict[int, tuple[tuple[str, int], ...] | None] = {}  # looked up so far
+
+    def _keys(self, order: int) -> tuple[tuple[str, int], ...] | None:
+        """Member ``order``'s GPU keys, None when it may not be joined (asked once)."""
+        if order in self.keys:
+            return self.keys[order]
+        item, h = self.members[order]
+        keys = item if self.keys_of is None else self.keys_of(item, h)
+        self.keys[order] = keys
+        return keys
 
     def _scan_one(self) -> tuple[int, float] | None:
-        """Look at the next member: (its order, its memory) once it is filed; None when every
-        member was looked at. A member that may not be joined is passed over."""
-        while self.scanned < len(self.members):
-            order = self.scanned
-            self.scanned += 1
-            item, h = self.members[order]
-            keys = item if self.keys_of is None else self.keys_of(item, h)
-            if keys is None:
-                continue
-            mem = h.job.memory_need_mb()
-            lst = self.by_mem.get(mem)
-            if lst is None:
-                lst = self.by_mem[mem] = []
-                self.next[mem] = 0
-            lst.append((order, keys, h))
-            return order, mem
-        return None
+        """File the next member by its memory: (its number, its memory); None when every
+        member is filed."""
+        if self.scanned >= len(self.members):
+            return None
+        order = self.scanned
+        self.scanned += 1
+        mem = self.members[order][1].job.memory_need_mb()
+        lst = self.by_mem.get(mem)
+        if lst is None:
+            lst = self.by_mem[mem] = []
+            self.next[mem] = 0
+        lst.append(order)
+        return order, mem
 
     def first(self) -> Cand | None:
         """The first member that may be joined (taken or not), None if there is none."""
-        while not self.by_mem:
-            if self._scan_one() is None:
-                return None
-        return min(hosts[0] for hosts in self.by_mem.values())[2]
+        for order in range(len(self.members)):
+            if self._keys(order) is not None:
+                return self.members[order][1]
+        return None
 
     def first_fit(
         self, need_mb: float, capacity_mb: float
     ) -> tuple[float, tuple[tuple[str, int], ...], Cand] | None:
         """(memory, GPU keys, host) of the first untaken host with room for ``need_mb``."""
         best: tuple[int, float] | None = None
-        for mem, hosts in self.by_mem.items():
-            i = self.next[mem]
-            if i >= len(hosts) or mem + need_mb > capacity_mb:
+        for mem, orders in self.by_mem.items():
+            if mem + need_mb > capacity_mb:
                 continue
-            if best is None or hosts[i][0] < best[0]:
-                best = (hosts[i][0], mem)
-        # Every member looked at so far comes before those not looked at yet: with none of
-        # them free and fitting, the first fitting one further on is the answer.
+            i = self.next[mem]
+            while i < len(orders) and self._keys(orders[i]) is None:
+                i += 1  # may not be joined: passed over for good
+            self.next[mem] = i
+            if i < len(orders) and (best is None or orders[i] < best[0]):
+                best = (orders[i], mem)
+        # Every member filed so far comes before those not filed yet: with none of them
+        # free, fitting and joinable, the first such one further on is the answer.
         while best is None:
             got = self._scan_one()
             if got is None:
                 return None
-            if got[1] + need_mb <= capacity_mb:
+            order, mem = got
+            if mem + need_mb <= capacity_mb and self._keys(order) is not None:
                 best = got
-        _, keys, h = self.by_mem[best[1]][self.next[best[1]]]
-        return best[1], keys, h
+                self.next[mem] = self.by_mem[mem].index(order, self.next[mem])
+        keys = self._keys(best[0])
+        assert keys is not None
+        return best[1], keys, self.members[best[0]][1]
 
     def take(self, mem: float) -> None:
-        """The first untaken host needing ``mem`` is taken."""
+        """The host ``first_fit`` gave for ``mem`` is taken."""
         self.next[mem] += 1
 
 
