@@ -151,6 +151,22 @@ _INF = math.inf
 PREEMPTIONS_PARAM = "preemptions"
 
 
+_TABLE_KNOWLEDGE: list[Any] = []
+
+
+def _table_knowledge() -> Any:
+    """A ``Knowledge`` with the Gavel pair table as its prior and no observations, made once
+    per process: it is only read (its answers depend on the job types alone and are cached),
+    and the live side builds a policy object per cycle, which paid the table's loading and
+    every pair's estimate again each time."""
+    if not _TABLE_KNOWLEDGE:
+        from scheduler.knowledge import Knowledge
+        from scheduler.knowledge.priors import table_pair_prior
+
+        _TABLE_KNOWLEDGE.append(Knowledge(pair_prior=table_pair_prior()))
+    return _TABLE_KNOWLEDGE[0]
+
+
 # ----------------------------------------------------------------------------------------
 # The policy
 
@@ -237,10 +253,7 @@ class HeteroSrtfPolicy(Policy):
         knowledge = self._knowledge
         if knowledge is None:
             if self._pairs is None:
-                from scheduler.knowledge import Knowledge
-                from scheduler.knowledge.priors import table_pair_prior
-
-                self._pairs = Knowledge(pair_prior=table_pair_prior())
+                self._pairs = _table_knowledge()
             knowledge = self._pairs
         ea = knowledge.co_run_speed(a, spec.model, (b,), SharingMode.MPS)
         eb = knowledge.co_run_speed(b, spec.model, (a,), SharingMode.MPS)
