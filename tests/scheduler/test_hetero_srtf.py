@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -310,3 +311,18 @@ def test_the_ftf_cap_averages_the_jobs_present_over_a_jobs_life() -> None:
     assert first(HeteroSrtfPolicy(ftf_cap=2.0, **settings), late).startswith("s")
     # Without the cap, shortest first either way.
     assert first(HeteroSrtfPolicy(ftf_cap=0, **settings), early, late).startswith("s")
+
+
+def test_sorted_by_orders_as_the_whole_key_ties_included() -> None:
+    # The cycle sorts tens of thousands of candidates by their float first and settles the
+    # ties by the whole key; with many ties (and -0.0 == 0.0, infinities) it must match.
+    from scheduler.policies.hetero_srtf import _sorted_by
+
+    rng = random.Random(3)
+    firsts = [0.0, -0.0, 1.5, -math.inf, math.inf, 2.0]
+    items = [
+        (rng.choice(firsts), rng.randint(0, 3), f"j{rng.randint(0, 999):03d}") for _ in range(500)
+    ]
+    assert _sorted_by(items, lambda x: x[0], lambda x: x) == sorted(items)
+    assert _sorted_by(items, lambda x: x[0], lambda x: x) != sorted(items, key=lambda x: x[0])
+    assert _sorted_by([], lambda x: x, lambda x: x) == []
