@@ -409,7 +409,7 @@ class HeteroSrtfPolicy(Policy):
                 others.append(job)
             else:
                 pending.append(c)
-        pending.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
+        pending = _sorted_by(pending, lambda c: c.key, lambda c: (c.key, c.job.arrival_s, c.job.id))
         free: dict[str, FreeGpus] = {m: FreeGpus() for m in models}
         for e in entries:
             if e.idle:
@@ -548,10 +548,13 @@ class HeteroSrtfPolicy(Policy):
         leaving: list[Cand] = []
         for c in running:
             target = assignment.get(c.job.id)
+            if target == c.model:
+                keep.append(c)
+                continue
             faster = target is not None and c.rem.get(target, _INF) + self.cost_s < c.rem.get(
                 c.model or "", _INF
             )
-            if target == c.model or (c.pinned and not faster):
+            if c.pinned and not faster:
                 keep.append(c)
             else:
                 leaving.append(c)

@@ -117,7 +117,8 @@ def residual_nodes(
     pending.update({jid: running[jid].job for jid in requeued if jid in running})
     for d in decisions:
         pl = d.placement
-        for part in pl.parts:
+        cores_used[pl.node] = cores_used.get(pl.node, 0) + pl.cpus  # rank 0 (pl.parts[0])
+        for part in pl.more:
             cores_used[part.node] = cores_used.get(part.node, 0) + part.cpus
         for key in pl.gpu_keys:
             placed.setdefault(key, []).append((pending.get(pl.job_id), pl))

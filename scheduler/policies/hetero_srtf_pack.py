@@ -154,9 +154,8 @@ def pack_waiting(
         job = h.job
         if (h.gpus, job.owner) not in wanted:
             continue
-        r = h.running
-        if r is not None and r.placement.mode != SharingMode.MPS:
-            continue
+        if h.running is not None and pl.mode != SharingMode.MPS:
+            continue  # (a running host's pl is its running placement)
         gkey = (h.gpus, m, job.job_type, job.owner)
         members = groups.get(gkey)
         if members is None:
