@@ -354,7 +354,7 @@ class HeteroSrtfPolicy(Policy):
             if job.profile is None:
                 return None
             progress = rj.progress if rj is not None else 0.0
-            k = max(1, job.gpus)
+            k = g if (g := job.gpus) > 1 else 1  # max(1, job.gpus)
             need = job.memory_need_mb()
             here = node_model.get(rj.placement.node) if rj is not None else None
             gang = rj is not None and rj.placement.is_gang
@@ -373,14 +373,18 @@ class HeteroSrtfPolicy(Policy):
                 ]
             # remaining_fraction and priority_key, written out (called ~30,000 times a cycle
             # on the largest benchmark): the same arithmetic.
-            left = OVERRUN_LEFT if progress >= 1.0 else max(0.0, 1.0 - progress)
+            left = OVERRUN_LEFT if progress >= 1.0 else (d if (d := 1.0 - progress) > 0.0 else 0.0)
             rem = {m: left * t for m, t in times}  # as remaining_times
             if not rem:
                 return None
             best = min(rem.values())
             solo_best = best / left if left > 0 else best
             age = now - job.arrival_s
-            key = best if solo_best <= 0 else best / (1.0 + aging * max(0.0, age) / solo_best)
+            key = (
+                best
+                if solo_best <= 0
+                else best / (1.0 + aging * (age if age > 0.0 else 0.0) / solo_best)
+            )
             if ftf > 0:
                 # The count of jobs present averaged over the job's life, as the metric does:
                 # measured from its arrival to now (before it was first seen, the count then),
@@ -447,7 +451,8 @@ class HeteroSrtfPolicy(Policy):
         modes = (SharingMode.MPS, SharingMode.EXCLUSIVE)
         # The loop below runs once per running job (80,000 on the largest benchmark), so
         # ``priority_key``, ``defended_key`` and ``preempted`` are written out in it (same
-        # arithmetic, same order). The quick key is a running job's key from its fastest
+        # arithmetic, same order; ``max(0.0, x)`` as ``x if x > 0.0 else 0.0``, equal for
+        # every float, NaN included). The quick key is a running job's key from its fastest
         # model's consolidated time (no spread or memory filter): enough to tell that no
         # waiting job could preempt it; ``solos`` caches that time per profile object.
         counted, max_pre = self.preemptions, self.max_preemptions
@@ -477,8 +482,9 @@ class HeteroSrtfPolicy(Policy):
                     solo = solos[pid] = min(times) if times else None
                 if solo is not None:
                     prog = rj.progress
-                    left = OVERRUN_LEFT if prog >= 1.0 else max(0.0, 1.0 - prog)
-                    quick = left * solo / (1.0 + aging * max(0.0, now - job.arrival_s) / solo)
+                    left = OVERRUN_LEFT if prog >= 1.0 else (d if (d := 1.0 - prog) > 0.0 else 0.0)
+                    age = now - job.arrival_s
+                    quick = left * solo / (1.0 + aging * (age if age > 0.0 else 0.0) / solo)
                     if quick * keep_frac - cost_s <= min_pending or (
                         pinned := (self.preempted(job) if job.params else counted.get(job.id, 0))
                         >= max_pre

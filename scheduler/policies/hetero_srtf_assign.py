@@ -36,7 +36,7 @@ class Cand:
     gpus: int = 0  # GPUs it asks (set from the job)
 
     def __post_init__(self) -> None:
-        self.gpus = max(1, self.job.gpus)
+        self.gpus = g if (g := self.job.gpus) > 1 else 1  # max(1, gpus)
 
     def cost(self, model: str) -> float:
         """Relative cost of running on ``model``: its slowdown there (move cost included)."""

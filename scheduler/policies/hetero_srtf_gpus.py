@@ -31,8 +31,9 @@ class NodeFacts:
         self.spec = n.gpus[0].spec
         self.model = self.spec.model
         self.size = len(n.gpus)
-        self.idle = tuple(g.index for g in n.gpus if not g.job_ids)
-        self.shared = any(len(g.job_ids) > 1 for g in n.gpus)
+        gpus = n.gpus
+        self.idle = tuple([g.index for g in gpus if not g.job_ids])
+        self.shared = bool([g for g in gpus if len(g.job_ids) > 1])
 
 
 class FreeGpus:
