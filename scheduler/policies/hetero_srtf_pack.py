@@ -185,7 +185,8 @@ def pack_waiting(
     # Groups by pair value, best first, per (job type, GPU count, owner): the value depends
     # only on the types and the model, so each waiting job walks its list down to the first
     # group with a free host that holds its memory (the best pair for it).
-    ranked: dict[tuple[str, int, str | None], list[tuple[float, str, str | None]]] = {}
+    # Each entry: (value, model, job type, the group's free hosts).
+    ranked: dict[tuple[str, int, str | None], list[tuple[float, str, str | None, _Hosts]]] = {}
     for c in joiners:
         if left <= 0:
             break
@@ -198,21 +199,22 @@ def pack_waiting(
             for m, t, owner in by_size.get(c.gpus, ()):
                 if owner != c.job.owner:
                     continue
-                first = hosts_of_group((c.gpus, m, t, owner)).first()
+                group = hosts_of_group((c.gpus, m, t, owner))
+                first = group.first()
                 if first is None:  # no host of the group may be joined
                     continue
                 norms = pair_norms(c.job, first.job, specs[m])
                 if norms is None or not worth_packing(norms[0], norms[1], threshold):
                     continue
-                ranking.append((pair_value(*norms), m, t))
+                ranking.append((pair_value(*norms), m, t, group))
             ranking.sort(key=lambda x: (-x[0], x[1], x[2] or ""))
             ranked[rkey] = ranking
         best: tuple[float, Key, Cand, str, _Hosts, float] | None = None
         need_mb = c.job.memory_need_mb()
-        for value, m, t in ranking:
-            if m not in c.rem:
+        rem = c.rem
+        for value, m, _, hosts_of in ranking:
+            if m not in rem:
                 continue
-            hosts_of = hosts_of_group((c.gpus, m, t, c.job.owner))
             hit = hosts_of.first_fit(need_mb, specs[m].memory_mb)
             if hit is not None:
                 mem, keys, h = hit
@@ -222,16 +224,23 @@ def pack_waiting(
             continue
         value, keys, h, m, hosts_of, mem = best
         need = max(1, c.job.cpus)
-        nodes = sorted({n for n, _ in keys})
-        if any(cores.get(n, 0) < need for n in nodes):
-            continue
-        by_node: dict[str, list[int]] = {}
-        for n, i in keys:
-            by_node.setdefault(n, []).append(i)
-        order = list(dict.fromkeys(n for n, _ in keys))
-        parts = [PlacementPart(n, tuple(by_node[n]), need) for n in order]
-        for n in order:
+        if len(keys) == 1:  # one GPU: the general case below, written short
+            n, i = keys[0]
+            if cores.get(n, 0) < need:
+                continue
+            parts = [PlacementPart(n, (i,), need)]
             cores[n] -= need
+        else:
+            nodes = sorted({n for n, _ in keys})
+            if any(cores.get(n, 0) < need for n in nodes):
+                continue
+            by_node: dict[str, list[int]] = {}
+            for n, i in keys:
+                by_node.setdefault(n, []).append(i)
+            order = list(dict.fromkeys(n for n, _ in keys))
+            parts = [PlacementPart(n, tuple(by_node[n]), need) for n in order]
+            for n in order:
+                cores[n] -= need
         pl = Placement(
             c.job.id,
             parts[0].node,
