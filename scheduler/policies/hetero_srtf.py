@@ -357,7 +357,7 @@ class HeteroSrtfPolicy(Policy):
             k = g if (g := job.gpus) > 1 else 1  # max(1, job.gpus)
             need = job.memory_need_mb()
             here = node_model.get(rj.placement.node) if rj is not None else None
-            gang = rj is not None and rj.placement.is_gang
+            gang = rj is not None and bool(rj.placement.more)  # is_gang
             ck = (id(job.profile), k, need, here, gang)
             times = solo_times.get(ck)
             if times is None:
@@ -713,7 +713,7 @@ class HeteroSrtfPolicy(Policy):
                 now_s=now,
                 nodes=residual_nodes(state, requeued, decisions),
                 pending=tuple(sorted(others, key=lambda j: (j.arrival_s, j.id))),
-                running=tuple(r for r in state.running if r.job.id not in requeued) + placed_now,
+                running=tuple([r for r in state.running if r.job.id not in requeued]) + placed_now,
             )
             extra = self.fallback.schedule(rest_state, rng)
             decisions.extend(

@@ -145,6 +145,7 @@ def pack_waiting(
     mps = {m for m, spec in specs.items() if spec.supports(SharingMode.MPS)}
     multi = {k for k, ids in gpu_jobs.items() if len(ids) > 1} if shared is None else shared
     groups: dict[tuple[int, str, str | None, str | None], list[tuple[Placement, Cand]]] = {}
+    mps_mode = SharingMode.MPS
     for h, pl in hosts:
         if h.guest:
             continue
@@ -154,7 +155,7 @@ def pack_waiting(
         job = h.job
         if (h.gpus, job.owner) not in wanted:
             continue
-        if h.running is not None and pl.mode != SharingMode.MPS:
+        if h.running is not None and pl.mode != mps_mode:
             continue  # (a running host's pl is its running placement)
         gkey = (h.gpus, m, job.job_type, job.owner)
         members = groups.get(gkey)
