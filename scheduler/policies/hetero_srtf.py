@@ -430,7 +430,14 @@ class HeteroSrtfPolicy(Policy):
         }
         running: list[Cand] = []
         guests: list[Cand] = []
-        fixed: list[Cand] = []
+        # Running jobs that keep their GPUs without a full estimate ("fixed", below) are no
+        # candidates at all: they only count against the capacity, and, when packing, are
+        # filed for it at once by (GPU count, model, job type, owner) if they run under MPS
+        # (the only hosts it may join), in running order.
+        n_fixed = 0
+        fixed_hosts: dict[tuple[int, str, str | None, str | None], list[tuple[Placement, Any]]]
+        fixed_hosts = {}
+        packing = self.pack
         capacity = dict(counts)
         # Jobs over the fairness cap (negative keys) are left out: they rank before every
         # running job that is not pinned and take the GPUs of the worst-ranked ones, which are
@@ -449,6 +456,7 @@ class HeteroSrtfPolicy(Policy):
         }
         solos: dict[int, float | None] = {}  # id(profile) -> its fastest time (quick keys)
         modes = (SharingMode.MPS, SharingMode.EXCLUSIVE)
+        mps_mode = SharingMode.MPS
         # The loop below runs once per running job (80,000 on the largest benchmark), so
         # ``priority_key``, ``defended_key`` and ``preempted`` are written out in it (same
         # arithmetic, same order; ``max(0.0, x)`` as ``x if x > 0.0 else 0.0``, equal for
@@ -489,18 +497,15 @@ class HeteroSrtfPolicy(Policy):
                         pinned := (self.preempted(job) if job.params else counted.get(job.id, 0))
                         >= max_pre
                     ):
-                        f = Cand(
-                            job,
-                            {},
-                            0.0,
-                            quick,
-                            running=rj,
-                            model=here,
-                            pinned=True,
-                            placed_model=here,
-                        )
-                        fixed.append(f)
-                        capacity[here] -= f.gpus
+                        k = g if (g := job.gpus) > 1 else 1  # Cand.gpus
+                        capacity[here] -= k
+                        n_fixed += 1
+                        if packing and rpl.mode == mps_mode:
+                            gkey = (k, here, job.job_type, job.owner)
+                            filed = fixed_hosts.get(gkey)
+                            if filed is None:
+                                filed = fixed_hosts[gkey] = []
+                            filed.append((rpl, rj))
                         continue
             if pinned is None:
                 pinned = (self.preempted(job) if job.params else counted.get(job.id, 0)) >= max_pre
@@ -612,8 +617,7 @@ class HeteroSrtfPolicy(Policy):
             c.placed_model = c.model
             if c.running is not None:
                 hosts.append((c, c.running.placement))
-        # The fixed jobs last (their placed_model is set when made).
-        hosts.extend([(f, f.running.placement) for f in fixed])  # type: ignore[union-attr]
+        kept_hosts = len(hosts)  # the fixed jobs come next in host order (fixed_hosts)
         for c in to_start:
             m = assignment[c.job.id]
             pl = self._place(c, m, free[m], cores)
@@ -675,6 +679,7 @@ class HeteroSrtfPolicy(Policy):
                 decisions,
                 pair_norms=self._pair_norms,
                 shared={key for key in multi if len(gpu_jobs[key]) > 1},  # requeues only remove
+                fixed=(kept_hosts, fixed_hosts),
                 threshold=self.pack_threshold,
                 policy=self.name,
             )

@@ -20,6 +20,9 @@ from scheduler.policies.hetero_srtf_assign import Cand
 from scheduler.policies.hetero_srtf_estimates import pair_value, worth_packing
 from scheduler.policies.hetero_srtf_gpus import fmt_h, may_pack
 
+#: A group of hosts: (GPU count, model, job type, owner).
+GroupKey = tuple[int, str, str | None, str | None]
+
 
 class _Hosts:
     """The hosts of one group not taken yet, in host order, by the memory their job needs:
@@ -121,10 +124,14 @@ def pack_waiting(
     threshold: float,
     policy: str,
     shared: set[tuple[str, int]] | None = None,
+    fixed: tuple[int, Mapping[GroupKey, Sequence[tuple[Placement, Any]]]] | None = None,
 ) -> None:
     """Step 6 of ``scheduler.policies.hetero_srtf``: waiting jobs join single-job GPUs (best
     pair); ``pair_norms`` gives the two jobs' co-run speeds on a model (None: not packed).
     ``shared``: the keys of ``gpu_jobs`` with more than one job, when the caller knows them.
+    ``fixed``: (position, groups): more hosts, that come at that position of ``hosts``,
+    already filed by (GPU count, model, job type, owner), each a (placement, running job)
+    that runs under MPS alone on its GPUs' as far as the caller's own tests go (not a guest).
 
     Hosts are grouped by (GPU count, model, job type, owner): the pair value depends only
     on that, so each waiting job looks at the groups, not at every host."""
@@ -144,9 +151,26 @@ def pack_waiting(
     wanted = {(c.gpus, c.job.owner) for c in joiners}
     mps = {m for m, spec in specs.items() if spec.supports(SharingMode.MPS)}
     multi = {k for k, ids in gpu_jobs.items() if len(ids) > 1} if shared is None else shared
-    groups: dict[tuple[int, str, str | None, str | None], list[tuple[Placement, Cand]]] = {}
+    groups: dict[GroupKey, list[tuple[Placement, Any]]] = {}
+
+    def add_fixed() -> None:
+        """The caller's filed hosts, in their place in host order (the group tests below
+        are the same for every host of a group)."""
+        for gkey, members in filed.items():
+            k, m, _, owner = gkey
+            if m not in mps or (k, owner) not in wanted:
+                continue
+            got = groups.get(gkey)
+            if got is None:
+                groups[gkey] = list(members)
+            else:
+                got.extend(members)
+
     mps_mode = SharingMode.MPS
-    for h, pl in hosts:
+    at, filed = fixed if fixed is not None else (len(hosts), {})
+    for n_host, (h, pl) in enumerate(hosts):
+        if n_host == at:
+            add_fixed()
         if h.guest:
             continue
         m = h.placed_model
@@ -163,7 +187,10 @@ def pack_waiting(
             members = groups[gkey] = []
         members.append((pl, h))
 
-    def keys_of(pl: Placement, h: Cand) -> Key | None:
+    if len(hosts) <= at:
+        add_fixed()
+
+    def keys_of(pl: Placement, h: Any) -> Key | None:
         keys = pl.gpu_keys
         if multi and any(k in multi for k in keys):
             return None
