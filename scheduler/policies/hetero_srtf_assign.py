@@ -124,10 +124,11 @@ def assign_models(
     return out
 
 
-def _smallest(d: list[float], below: float) -> list[tuple[float, int]]:
-    """(value, index) of the entries of ``d`` under ``below``, ascending (ties by index): the
+def _smallest(d: list[float], below: float) -> tuple[list[float], list[int]]:
+    """The entries of ``d`` under ``below``, ascending (ties by index), and their indices: the
     prefix of the sorted list that ``_swap`` can use."""
-    return sorted((x, i) for i, x in enumerate(d) if x < below)
+    pairs = sorted((x, i) for i, x in enumerate(d) if x < below)
+    return [x for x, _ in pairs], [i for _, i in pairs]
 
 
 def _usable(other_min: float) -> float:
@@ -138,8 +139,8 @@ def _usable(other_min: float) -> float:
 
 
 def _pair_up(
-    dg: list[tuple[float, int]],
-    dh: list[tuple[float, int]],
+    dg: tuple[list[float], list[int]],
+    dh: tuple[list[float], list[int]],
     left: dict[str, int],
     g: str,
     h: str,
@@ -147,30 +148,35 @@ def _pair_up(
 ) -> tuple[list[int], list[int]]:
     """Indices (into the two groups) of the jobs that go from ``g`` to ``h`` and back: moves
     into spare room first, then pairs whose gains sum below zero (``dg``, ``dh``: the usable
-    gains of each side, ascending)."""
+    gains of each side, ascending, and their indices)."""
+    gv, gx = dg
+    hv, hx = dh
+    ng, nh = len(gv), len(hv)
+    room_h, room_g = left[h], left[g]  # every model of the assignment is in left
     to_h: list[int] = []
     to_g: list[int] = []
     i = j = 0
     while True:
-        if i < len(dg) and dg[i][0] < -1e-9 and left.get(h, 0) >= k:
-            to_h.append(dg[i][1])
-            left[h] -= k
-            left[g] += k
+        if i < ng and gv[i] < -1e-9 and room_h >= k:
+            to_h.append(gx[i])
+            room_h -= k
+            room_g += k
             i += 1
             continue
-        if j < len(dh) and dh[j][0] < -1e-9 and left.get(g, 0) >= k:
-            to_g.append(dh[j][1])
-            left[g] -= k
-            left[h] += k
+        if j < nh and hv[j] < -1e-9 and room_g >= k:
+            to_g.append(hx[j])
+            room_g -= k
+            room_h += k
             j += 1
             continue
-        if i < len(dg) and j < len(dh) and dg[i][0] + dh[j][0] < -1e-9:
-            to_h.append(dg[i][1])
-            to_g.append(dh[j][1])
+        if i < ng and j < nh and gv[i] + hv[j] < -1e-9:
+            to_h.append(gx[i])
+            to_g.append(hx[j])
             i += 1
             j += 1
             continue
         break
+    left[h], left[g] = room_h, room_g
     return to_h, to_g
 
 
@@ -227,14 +233,15 @@ def _swaps_vector(
     cost = np.array([row for _, row in items], dtype=float)
     col = {m: i for i, m in enumerate(models)}
     where = np.array([col[m] for m in out.values()], dtype=np.int64)  # by_id's order
+    start = where.copy()
     size = np.array([c.gpus for c, _ in items], dtype=np.int64)
     empty = np.zeros(0, dtype=np.int64)
 
-    def smallest(d: Any, below: float) -> list[tuple[float, int]]:
+    def smallest(d: Any, below: float) -> tuple[list[float], list[int]]:
         idx = np.flatnonzero(d < below)
         vals = d[idx]
         order = np.argsort(vals, kind="stable")
-        return list(zip(vals[order].tolist(), idx[order].tolist(), strict=True))
+        return vals[order].tolist(), idx[order].tolist()
 
     for _ in range(3):
         groups: dict[tuple[int, int], Any] = {}
@@ -264,10 +271,6 @@ def _swaps_vector(
                     moved_g = on_h[np.array(to_g, dtype=np.int64)]
                     where[moved_h] = hi
                     where[moved_g] = gi
-                    for r in moved_h.tolist():
-                        out[items[r][0].job.id] = h
-                    for r in moved_g.tolist():
-                        out[items[r][0].job.id] = g
                     keep_g = np.ones(len(on_g), dtype=bool)
                     keep_g[to_h] = False
                     keep_h = np.ones(len(on_h), dtype=bool)
@@ -276,3 +279,5 @@ def _swaps_vector(
                     groups[(hi, k)] = np.concatenate((on_h[keep_h], moved_h))
         if not improved:
             break
+    for r in np.flatnonzero(where != start).tolist():  # the jobs that ended elsewhere
+        out[items[r][0].job.id] = models[where[r]]
