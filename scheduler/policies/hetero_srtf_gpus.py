@@ -121,8 +121,13 @@ def residual_nodes(
         cores_used[pl.node] = cores_used.get(pl.node, 0) + pl.cpus  # rank 0 (pl.parts[0])
         for part in pl.more:
             cores_used[part.node] = cores_used.get(part.node, 0) + part.cpus
+        entry = (pending.get(pl.job_id), pl)
         for key in pl.gpu_keys:
-            placed.setdefault(key, []).append((pending.get(pl.job_id), pl))
+            got = placed.get(key)
+            if got is None:
+                placed[key] = [entry]
+            else:
+                got.append(entry)
     touched = set(cores_used) | {node for node, _ in placed}
     gone_keys: set[tuple[str, int]] = set()
     for jid in requeued:
@@ -143,10 +148,10 @@ def residual_nodes(
                 gpus.append(g)
                 continue
             new = new or []
-            ids = tuple(j for j in g.job_ids if j not in requeued)
-            mem = g.committed_memory_mb - sum(freed.get(j, 0.0) for j in g.job_ids)
-            ids += tuple(pl.job_id for _, pl in new)
-            mem += sum(j.memory_need_mb() for j, _ in new if j is not None)
+            ids = tuple([j for j in g.job_ids if j not in requeued])
+            mem = g.committed_memory_mb - sum([freed.get(j, 0.0) for j in g.job_ids])
+            ids += tuple([pl.job_id for _, pl in new])
+            mem += sum([j.memory_need_mb() for j, _ in new if j is not None])
             mode = (new[0][1].mode if new else g.mode) if ids else None
             gpus.append(replace(g, job_ids=ids, committed_memory_mb=mem, mode=mode))
         out.append(
