@@ -434,7 +434,6 @@ class HeteroSrtfPolicy(Policy):
         # candidates at all: they only count against the capacity, and, when packing, are
         # filed for it at once by (GPU count, model, job type, owner) if they run under MPS
         # (the only hosts it may join), in running order.
-        n_fixed = 0
         fixed_hosts: dict[tuple[int, str, str | None, str | None], list[tuple[Placement, Any]]]
         fixed_hosts = {}
         packing = self.pack
@@ -499,7 +498,6 @@ class HeteroSrtfPolicy(Policy):
                     ):
                         k = g if (g := job.gpus) > 1 else 1  # Cand.gpus
                         capacity[here] -= k
-                        n_fixed += 1
                         if packing and rpl.mode == mps_mode:
                             gkey = (k, here, job.job_type, job.owner)
                             filed = fixed_hosts.get(gkey)
