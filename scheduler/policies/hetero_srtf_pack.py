@@ -129,9 +129,10 @@ def pack_waiting(
     """Step 6 of ``scheduler.policies.hetero_srtf``: waiting jobs join single-job GPUs (best
     pair); ``pair_norms`` gives the two jobs' co-run speeds on a model (None: not packed).
     ``shared``: the keys of ``gpu_jobs`` with more than one job, when the caller knows them.
-    ``fixed``: (position, groups): more hosts, that come at that position of ``hosts``,
-    already filed by (GPU count, model, job type, owner), each a (placement, running job)
-    that runs under MPS alone on its GPUs' as far as the caller's own tests go (not a guest).
+    ``fixed``: (position, groups): more hosts, which come at that position of ``hosts``,
+    already filed by (GPU count, model, job type, owner): each a (placement, running job) of
+    a job running under MPS that is not a guest (the shared-GPU and may-share tests, and the
+    group's model and owner, are checked here as for the others).
 
     Hosts are grouped by (GPU count, model, job type, owner): the pair value depends only
     on that, so each waiting job looks at the groups, not at every host."""
