@@ -5,6 +5,7 @@ when the estimated pair throughput reaches the threshold, the best pair first.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -45,6 +46,9 @@ class _Hosts:
         self.by_mem: dict[float, list[int]] = {}  # memory -> member numbers, in order
         self.next: dict[float, int] = {}  # memory -> its first member not taken
         self.keys: dict[int, tuple[tuple[str, int], ...] | None] = {}  # looked up so far
+        # The smallest memory need that found no host: larger needs find none either (hosts
+        # are only ever taken, and the capacity is the group's model's).
+        self.none_from = math.inf
 
     def _keys(self, order: int) -> tuple[tuple[str, int], ...] | None:
         """Member ``order``'s GPU keys, None when it may not be joined (asked once)."""
@@ -81,6 +85,8 @@ class _Hosts:
         self, need_mb: float, capacity_mb: float
     ) -> tuple[float, tuple[tuple[str, int], ...], Cand] | None:
         """(memory, GPU keys, host) of the first untaken host with room for ``need_mb``."""
+        if need_mb >= self.none_from:
+            return None
         best: tuple[int, float] | None = None
         for mem, orders in self.by_mem.items():
             if mem + need_mb > capacity_mb:
@@ -96,6 +102,7 @@ class _Hosts:
         while best is None:
             got = self._scan_one()
             if got is None:
+                self.none_from = need_mb
                 return None
             order, mem = got
             if mem + need_mb <= capacity_mb and self._keys(order) is not None:
