@@ -105,9 +105,10 @@ the free GPUs and the residual snapshot (``hetero_srtf_gpus``: step 5), the pair
 
 from __future__ import annotations
 
+import gc
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from scheduler.domain import (
@@ -160,6 +161,43 @@ _INF = math.inf
 #: ``JobSpec.params`` key a caller may set to the job's past preemptions (the live side rebuilds
 #: the policy every cycle, so its own count starts at 0 each time).
 PREEMPTIONS_PARAM = "preemptions"
+
+
+_TABLE_KNOWLEDGE: list[Any] = []
+
+
+def _table_knowledge() -> Any:
+    """A ``Knowledge`` with the Gavel pair table as its prior and no observations, made once
+    per process: it is only read (its answers depend on the job types alone and are cached),
+    and the live side builds a policy object per cycle, which paid the table's loading and
+    every pair's estimate again each time."""
+    if not _TABLE_KNOWLEDGE:
+        from scheduler.knowledge import Knowledge
+        from scheduler.knowledge.priors import table_pair_prior
+
+        _TABLE_KNOWLEDGE.append(Knowledge(pair_prior=table_pair_prior()))
+    return _TABLE_KNOWLEDGE[0]
+
+
+def _sorted_by(
+    items: Sequence[Any], first: Callable[[Any], float], key: Callable[[Any], Any]
+) -> list[Any]:
+    """``sorted(items, key=key)`` where ``first(x) == key(x)[0]`` (a float, never NaN): one
+    sort by the float, then each run that ties on it by the whole key. The same order; on
+    tens of thousands of candidates with few ties, much cheaper than comparing tuples."""
+    firsts = [first(x) for x in items]
+    order = sorted(range(len(firsts)), key=firsts.__getitem__)
+    out = [items[i] for i in order]
+    i, n = 0, len(out)
+    while i < n:
+        f = firsts[order[i]]
+        j = i + 1
+        while j < n and firsts[order[j]] == f:
+            j += 1
+        if j - i > 1:
+            out[i:j] = sorted(out[i:j], key=key)
+        i = j
+    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -254,10 +292,7 @@ class HeteroSrtfPolicy(Policy):
         knowledge = self._knowledge
         if knowledge is None:
             if self._pairs is None:
-                from scheduler.knowledge import Knowledge
-                from scheduler.knowledge.priors import table_pair_prior
-
-                self._pairs = Knowledge(pair_prior=table_pair_prior())
+                self._pairs = _table_knowledge()
             knowledge = self._pairs
         ea = knowledge.co_run_speed(a, spec.model, (b,), SharingMode.MPS)
         eb = knowledge.co_run_speed(b, spec.model, (a,), SharingMode.MPS)
@@ -281,6 +316,20 @@ class HeteroSrtfPolicy(Policy):
             self._seen = {k: v for k, v in self._seen.items() if k in present}
 
     def schedule(self, state: ClusterState, rng: random.Random) -> Plan:
+        # A cycle on a large cluster allocates hundreds of thousands of short-lived objects
+        # and no garbage that needs the cycle collector: the collector's full passes over the
+        # heap were about a fifth of a cycle at 80,000 GPUs. It is paused for the cycle (and
+        # left as it was found); reference counting still frees everything as usual.
+        paused = gc.isenabled()
+        if paused:
+            gc.disable()
+        try:
+            return self._schedule(state, rng)
+        finally:
+            if paused:
+                gc.enable()
+
+    def _schedule(self, state: ClusterState, rng: random.Random) -> Plan:
         now = state.now_s
         self._knowledge = state.knowledge
         # GPUs per model on up nodes, the specs, idle GPUs (per-node facts cached while the
@@ -322,15 +371,16 @@ class HeteroSrtfPolicy(Policy):
         # current model, gang): jobs of one profile share them within a cycle.
         solo_times: dict[tuple[int, int, float, str | None, bool], list[tuple[str, float]]] = {}
         isolated: dict[tuple[tuple[int, int, float, str | None, bool], int], float] = {}
+        aging = self.aging
 
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
             if job.profile is None:
                 return None
             progress = rj.progress if rj is not None else 0.0
-            k = max(1, job.gpus)
+            k = g if (g := job.gpus) > 1 else 1  # max(1, job.gpus)
             need = job.memory_need_mb()
             here = node_model.get(rj.placement.node) if rj is not None else None
-            gang = rj is not None and rj.placement.is_gang
+            gang = rj is not None and bool(rj.placement.more)  # is_gang
             ck = (id(job.profile), k, need, here, gang)
             times = solo_times.get(ck)
             if times is None:
@@ -344,14 +394,20 @@ class HeteroSrtfPolicy(Policy):
                     and t > 0
                     and (m == here or (counts[m] >= k and specs[m].memory_mb >= need))
                 ]
-            left = remaining_fraction(progress)
+            # remaining_fraction and priority_key, written out (called ~30,000 times a cycle
+            # on the largest benchmark): the same arithmetic.
+            left = OVERRUN_LEFT if progress >= 1.0 else (d if (d := 1.0 - progress) > 0.0 else 0.0)
             rem = {m: left * t for m, t in times}  # as remaining_times
             if not rem:
                 return None
             best = min(rem.values())
             solo_best = best / left if left > 0 else best
             age = now - job.arrival_s
-            key = priority_key(best, solo_best, age, self.aging)
+            key = (
+                best
+                if solo_best <= 0
+                else best / (1.0 + aging * (age if age > 0.0 else 0.0) / solo_best)
+            )
             if ftf > 0:
                 # The count of jobs present averaged over the job's life, as the metric does:
                 # measured from its arrival to now (before it was first seen, the count then),
@@ -384,7 +440,7 @@ class HeteroSrtfPolicy(Policy):
                 others.append(job)
             else:
                 pending.append(c)
-        pending.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
+        pending = _sorted_by(pending, lambda c: c.key, lambda c: (c.key, c.job.arrival_s, c.job.id))
         free: dict[str, FreeGpus] = {m: FreeGpus() for m in models}
         for e in entries:
             if e.idle:
@@ -401,7 +457,13 @@ class HeteroSrtfPolicy(Policy):
         }
         running: list[Cand] = []
         guests: list[Cand] = []
-        fixed: list[Cand] = []
+        # Running jobs that keep their GPUs without a full estimate ("fixed", below) are no
+        # candidates at all: they only count against the capacity, and, when packing, are
+        # filed for it at once by (GPU count, model, job type, owner) if they run under MPS
+        # (the only hosts it may join), in running order.
+        fixed_hosts: dict[tuple[int, str, str | None, str | None], list[tuple[Placement, Any]]]
+        fixed_hosts = {}
+        packing = self.pack
         capacity = dict(counts)
         # Jobs over the fairness cap (negative keys) are left out: they rank before every
         # running job that is not pinned and take the GPUs of the worst-ranked ones, which are
@@ -411,31 +473,69 @@ class HeteroSrtfPolicy(Policy):
         # GPUs and model without a full estimate (bounded work on large clusters).
         # (A fixed job is not seen by the fairness cap's count until it is re-planned.)
         bounded = len(state.running) > self.replan_limit
-        multi = {key for key, ids in gpu_jobs.items() if len(ids) > 1}  # GPUs shared now
+        multi = {  # GPUs shared now (only nodes with a shared GPU are looked at)
+            (e.state.name, g.index)
+            for e in entries
+            if e.shared
+            for g in e.state.gpus
+            if len(g.job_ids) > 1
+        }
         solos: dict[int, float | None] = {}  # id(profile) -> its fastest time (quick keys)
         modes = (SharingMode.MPS, SharingMode.EXCLUSIVE)
+        mps_mode = SharingMode.MPS
+        # The loop below runs once per running job (80,000 on the largest benchmark), so
+        # ``priority_key``, ``defended_key`` and ``preempted`` are written out in it (same
+        # arithmetic, same order; ``max(0.0, x)`` as ``x if x > 0.0 else 0.0``, equal for
+        # every float, NaN included). The quick key is a running job's key from its fastest
+        # model's consolidated time (no spread or memory filter): enough to tell that no
+        # waiting job could preempt it; ``solos`` caches that time per profile object.
+        counted = self.preemptions
+        keep_frac, cost_s = 1.0 - self.margin, self.cost_s
+        model_set = set(models)
+        has_multi = bool(multi)
         for rj in state.running:
             rpl = rj.placement
             if rj.paused or not rpl.gpu_indices:
                 continue
             if rpl.mode not in modes:
                 continue  # time-sliced or MIG by someone else: left alone
-            shared = bool(multi) and any(
-                key in multi and gpu_jobs[key][0] != rj.job.id for key in rpl.gpu_keys
+            job = rj.job
+            shared = has_multi and any(
+                key in multi and gpu_jobs[key][0] != job.id for key in rpl.gpu_keys
             )
             here = node_model.get(rpl.node)
-            pinned = self._pinned(rj.job, models, solos)
-            if bounded and not shared and here is not None:
+            pinned: bool | None = None  # looked up when needed
+            if bounded and not shared and here is not None and job.profile is not None:
                 # A job no waiting job could preempt keeps its GPUs without a full estimate.
-                quick = self._quick_key(rj, now, models, solos)
-                if quick is not None and (
-                    pinned or defended_key(quick, self.cost_s, self.margin) <= min_pending
-                ):
-                    f = Cand(rj.job, {}, 0.0, quick, running=rj, model=here, pinned=True)
-                    fixed.append(f)
-                    capacity[here] -= f.gpus
-                    continue
-            c = make(rj.job, rj)
+                pid = id(job.profile)
+                solo = solos.get(pid, _INF)
+                if solo == _INF:
+                    times = [
+                        t for m, t in job.profile.gpu_time_s.items() if t > 0 and m in model_set
+                    ]
+                    solo = solos[pid] = min(times) if times else None
+                if solo is not None:
+                    prog = rj.progress
+                    left = OVERRUN_LEFT if prog >= 1.0 else (d if (d := 1.0 - prog) > 0.0 else 0.0)
+                    age = now - job.arrival_s
+                    quick = left * solo / (1.0 + aging * (age if age > 0.0 else 0.0) / solo)
+                    if quick * keep_frac - cost_s <= min_pending or (
+                        pinned := self._pinned_after(
+                            self.preempted(job) if job.params else counted.get(job.id, 0), solo
+                        )
+                    ):
+                        k = g if (g := job.gpus) > 1 else 1  # Cand.gpus
+                        capacity[here] -= k
+                        if packing and rpl.mode == mps_mode:
+                            gkey = (k, here, job.job_type, job.owner)
+                            filed = fixed_hosts.get(gkey)
+                            if filed is None:
+                                filed = fixed_hosts[gkey] = []
+                            filed.append((rpl, rj))
+                        continue
+            if pinned is None:
+                pinned = self._pinned(job, models, solos)
+            c = make(job, rj)
             if c is None:
                 continue
             c.running = rj
@@ -457,7 +557,14 @@ class HeteroSrtfPolicy(Policy):
                 return (defended_key(c.key, self.cost_s, self.margin), 0, c.job.arrival_s, c.job.id)
             return (c.key, 1, c.job.arrival_s, c.job.id)
 
-        ordered = sorted(running + pending, key=rank)  # job ids break every tie
+        # sorted(running + pending, key=rank); job ids break every tie
+        ordered = _sorted_by(
+            running + pending,
+            lambda c: (
+                c.key if c.running is None else (-_INF if c.pinned else c.key * keep_frac - cost_s)
+            ),
+            rank,
+        )
         cap_left = sum(capacity.values())
         chosen: list[Cand] = []
         for c in ordered:
@@ -478,10 +585,13 @@ class HeteroSrtfPolicy(Policy):
         leaving: list[Cand] = []
         for c in running:
             target = assignment.get(c.job.id)
+            if target == c.model:
+                keep.append(c)
+                continue
             faster = target is not None and c.rem.get(target, _INF) + self.cost_s < c.rem.get(
                 c.model or "", _INF
             )
-            if target == c.model or (c.pinned and not faster):
+            if c.pinned and not faster:
                 keep.append(c)
             else:
                 leaving.append(c)
@@ -494,7 +604,16 @@ class HeteroSrtfPolicy(Policy):
         budget = self._churn_allowance(len(state.running))
         budget += sum(1 for c in chosen if c.running is None and c.key < 0)
         if len(leaving) > budget:
-            leaving.sort(key=lambda c: (-rank(c)[0], c.job.arrival_s, c.job.id))
+            # (-rank(c)[0], arrival, id), written out
+            leaving = _sorted_by(
+                leaving,
+                lambda c: _INF if c.pinned else -(c.key * keep_frac - cost_s),
+                lambda c: (
+                    _INF if c.pinned else -(c.key * keep_frac - cost_s),
+                    c.job.arrival_s,
+                    c.job.id,
+                ),
+            )
             # the deferred keep their GPUs; jobs chosen for them wait (placement fails)
             keep.extend(leaving[budget:])
             leaving = leaving[:budget]
@@ -520,11 +639,11 @@ class HeteroSrtfPolicy(Policy):
         cores = dict(free_cores)
         started: set[str] = set()
         hosts: list[tuple[Cand, Placement]] = []  # jobs on their GPUs after the plan
-        keep.extend(fixed)
         for c in keep:
             c.placed_model = c.model
             if c.running is not None:
                 hosts.append((c, c.running.placement))
+        kept_hosts = len(hosts)  # the fixed jobs come next in host order (fixed_hosts)
         for c in to_start:
             m = assignment[c.job.id]
             pl = self._place(c, m, free[m], cores)
@@ -585,6 +704,8 @@ class HeteroSrtfPolicy(Policy):
                 cores,
                 decisions,
                 pair_norms=self._pair_norms,
+                shared={key for key in multi if len(gpu_jobs[key]) > 1},  # requeues only remove
+                fixed=(kept_hosts, fixed_hosts),
                 threshold=self.pack_threshold,
                 policy=self.name,
             )
@@ -606,9 +727,14 @@ class HeteroSrtfPolicy(Policy):
         # Jobs it cannot estimate: the framework's fifo on what is left.
         if others:
             requeued = {a.job_id for a in actions}
-            specs_by_id = {c.job.id: c.job for c in pending} | {c.job.id: c.job for c in running}
-            specs_by_id |= {c.job.id: c.job for c in guests}
-            specs_by_id |= {c.job.id: c.job for c in fixed}
+            # The specs of the jobs placed by this plan (fixed jobs are never placed).
+            decided = {d.placement.job_id for d in decisions}
+            specs_by_id = {
+                c.job.id: c.job
+                for group in (pending, running, guests)
+                for c in group
+                if c.job.id in decided
+            }
             placed_now = tuple(
                 RunningJob(specs_by_id[d.placement.job_id], d.placement, now, 0.0)
                 for d in decisions
@@ -618,7 +744,7 @@ class HeteroSrtfPolicy(Policy):
                 now_s=now,
                 nodes=residual_nodes(state, requeued, decisions),
                 pending=tuple(sorted(others, key=lambda j: (j.arrival_s, j.id))),
-                running=tuple(r for r in state.running if r.job.id not in requeued) + placed_now,
+                running=tuple([r for r in state.running if r.job.id not in requeued]) + placed_now,
             )
             extra = self.fallback.schedule(rest_state, rng)
             decisions.extend(
@@ -785,12 +911,17 @@ class HeteroSrtfPolicy(Policy):
         they cost (``preemption_cost_s`` each) reaches ``max_restart_share`` of its estimated
         run time on its fastest model, so restarts slow it by about that share at most."""
         n = self.preempted(job)
+        if n == 0 and self.max_preemptions > 0:
+            return False
+        return self._pinned_after(n, self._fastest_solo(job, models, solos))
+
+    def _pinned_after(self, n: int, solo: float | None) -> bool:
+        """``_pinned`` for a job preempted ``n`` times whose fastest time is ``solo``."""
         if n >= self.max_preemptions:
             return True
-        if n == 0 or self.restart_share <= 0:
+        if n == 0 or self.restart_share <= 0 or solo is None:
             return False
-        solo = self._fastest_solo(job, models, solos)
-        return solo is not None and n * self.cost_s >= self.restart_share * solo
+        return n * self.cost_s >= self.restart_share * solo
 
     def _fastest_solo(
         self, job: JobSpec, models: Sequence[str], solos: dict[int, float | None]
@@ -806,19 +937,6 @@ class HeteroSrtfPolicy(Policy):
         times = [t for m, t in prof.gpu_time_s.items() if t > 0 and m in models]
         solo = solos[pid] = min(times) if times else None
         return solo
-
-    def _quick_key(
-        self, rj: RunningJob, now: float, models: Sequence[str], solos: dict[int, float | None]
-    ) -> float | None:
-        """A running job's key from its fastest model's consolidated time (no spread or memory
-        filter): enough to tell that no waiting job could preempt it. ``solos`` caches the
-        fastest time per profile object within a cycle."""
-        solo = self._fastest_solo(rj.job, models, solos)
-        if solo is None:
-            return None
-        return priority_key(
-            remaining_fraction(rj.progress) * solo, solo, now - rj.job.arrival_s, self.aging
-        )
 
     def _faster_models(self, rj: RunningJob, node_model: Mapping[str, str]) -> tuple[str, ...]:
         """The models of the cluster on which ``rj`` would run faster than where it runs."""

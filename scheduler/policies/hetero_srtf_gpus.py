@@ -31,8 +31,9 @@ class NodeFacts:
         self.spec = n.gpus[0].spec
         self.model = self.spec.model
         self.size = len(n.gpus)
-        self.idle = tuple(g.index for g in n.gpus if not g.job_ids)
-        self.shared = any(len(g.job_ids) > 1 for g in n.gpus)
+        gpus = n.gpus
+        self.idle = tuple([g.index for g in gpus if not g.job_ids])
+        self.shared = bool([g for g in gpus if len(g.job_ids) > 1])
 
 
 class FreeGpus:
@@ -105,7 +106,7 @@ def residual_nodes(
     placed: dict[tuple[str, int], list[tuple[JobSpec | None, Placement]]] = {}
     cores_used: dict[str, int] = {}
     freed: dict[str, float] = {}
-    running = {r.job.id: r for r in state.running}
+    running = {r.job.id: r for r in state.running if r.job.id in requeued}
     for jid in requeued:
         rj = running.get(jid)
         if rj is None:
@@ -117,10 +118,16 @@ def residual_nodes(
     pending.update({jid: running[jid].job for jid in requeued if jid in running})
     for d in decisions:
         pl = d.placement
-        for part in pl.parts:
+        cores_used[pl.node] = cores_used.get(pl.node, 0) + pl.cpus  # rank 0 (pl.parts[0])
+        for part in pl.more:
             cores_used[part.node] = cores_used.get(part.node, 0) + part.cpus
+        entry = (pending.get(pl.job_id), pl)
         for key in pl.gpu_keys:
-            placed.setdefault(key, []).append((pending.get(pl.job_id), pl))
+            got = placed.get(key)
+            if got is None:
+                placed[key] = [entry]
+            else:
+                got.append(entry)
     touched = set(cores_used) | {node for node, _ in placed}
     gone_keys: set[tuple[str, int]] = set()
     for jid in requeued:
@@ -141,10 +148,10 @@ def residual_nodes(
                 gpus.append(g)
                 continue
             new = new or []
-            ids = tuple(j for j in g.job_ids if j not in requeued)
-            mem = g.committed_memory_mb - sum(freed.get(j, 0.0) for j in g.job_ids)
-            ids += tuple(pl.job_id for _, pl in new)
-            mem += sum(j.memory_need_mb() for j, _ in new if j is not None)
+            ids = tuple([j for j in g.job_ids if j not in requeued])
+            mem = g.committed_memory_mb - sum([freed.get(j, 0.0) for j in g.job_ids])
+            ids += tuple([pl.job_id for _, pl in new])
+            mem += sum([j.memory_need_mb() for j, _ in new if j is not None])
             mode = (new[0][1].mode if new else g.mode) if ids else None
             gpus.append(replace(g, job_ids=ids, committed_memory_mb=mem, mode=mode))
         out.append(

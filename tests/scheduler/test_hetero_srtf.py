@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -362,3 +363,18 @@ def test_restarts_bound_preemptions_by_their_share_of_the_jobs_length() -> None:
     assert preempts(one_k80(mid, 3))  # 180 s of restarts < 200 s
     assert not preempts(one_k80(mid, 4))  # 240 s >= 200 s
     assert preempts(one_k80(mid, 4), max_restart_share=0)  # the share off: the count rules
+
+
+def test_sorted_by_orders_as_the_whole_key_ties_included() -> None:
+    # The cycle sorts tens of thousands of candidates by their float first and settles the
+    # ties by the whole key; with many ties (and -0.0 == 0.0, infinities) it must match.
+    from scheduler.policies.hetero_srtf import _sorted_by
+
+    rng = random.Random(3)
+    firsts = [0.0, -0.0, 1.5, -math.inf, math.inf, 2.0]
+    items = [
+        (rng.choice(firsts), rng.randint(0, 3), f"j{rng.randint(0, 999):03d}") for _ in range(500)
+    ]
+    assert _sorted_by(items, lambda x: x[0], lambda x: x) == sorted(items)
+    assert _sorted_by(items, lambda x: x[0], lambda x: x) != sorted(items, key=lambda x: x[0])
+    assert _sorted_by([], lambda x: x, lambda x: x) == []

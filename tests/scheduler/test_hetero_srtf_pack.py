@@ -26,3 +26,22 @@ def test_a_waiting_job_gets_the_first_untaken_host_its_memory_fits_beside() -> N
     assert hosts.first_fit(8_000, 16_000) is None  # only 12-GB hosts left
     first = hosts.first_fit(2_000, 16_000)
     assert first is not None and first[2].job.id == "a"
+
+
+def test_hosts_that_may_not_be_joined_are_passed_over_when_reached() -> None:
+    # keys_of says None for b (say, its job may not share): b is never offered, in either
+    # lookup, and a group with no joinable host has no first host.
+    members = [host("a", 12_000), host("b", 4_000), host("c", 4_000)]
+
+    def keys_of(keys: tuple[tuple[str, int], ...], h: Cand) -> tuple[tuple[str, int], ...] | None:
+        return None if h.job.id == "b" else keys
+
+    hosts = _Hosts(members, keys_of)
+    first = hosts.first()
+    assert first is not None and first.job.id == "a"
+    big = hosts.first_fit(8_000, 16_000)
+    assert big is not None and big[2].job.id == "c"
+    hosts.take(big[0])
+    assert hosts.first_fit(8_000, 16_000) is None
+    assert _Hosts(members[1:2], keys_of).first() is None
+    assert _Hosts(members[1:2], keys_of).first_fit(1_000, 16_000) is None
