@@ -99,6 +99,9 @@ class SimulatorBase:
             )
         self.knowledge = knowledge
         self.last_sweep = 0.0
+        self.sweep_times: list[float] = []  # the instants of the progress-report sweeps
+        # (due time, job seq, window generation, job): windows due for their next report
+        self.obs_due: list[tuple[float, int, int, SimJob]] = []
         self.by_id = {j.spec.id: j for j in self.jobs}
         self.nodes: list[SimNode] = []
         self.node_by_name: dict[str, SimNode] = {}

@@ -14,7 +14,7 @@ import pytest
 
 from scheduler.domain import JobSpec, Profile, SharingMode
 from scheduler.interference import build_interference
-from scheduler.knowledge import Knowledge
+from scheduler.knowledge import Knowledge, Observation, ObservationKind
 from scheduler.knowledge.priors import truth_pair_prior
 from scheduler.simulator import SimConfig, simulate
 from tests.scheduler.sim_helpers import FirstFit, cluster
@@ -56,6 +56,52 @@ def test_progress_windows_measure_the_declared_rate_and_completions_the_true_len
     assert est.value == pytest.approx(500.0, rel=0.05)
     done = k.duration(RESNET)
     assert done is not None and done.value == pytest.approx(1000.0)
+
+
+class Recording(Knowledge):
+    """A knowledge that keeps every (observation, reports) it was handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Observation, int]] = []
+
+    def observe(self, obs: Observation, *, reports: int = 1) -> None:
+        self.calls.append((obs, reports))
+        super().observe(obs, reports=reports)
+
+
+@pytest.mark.parametrize(
+    ("solo", "true", "ends", "counts"),
+    [
+        # Alone for 1,000 s: reports at 100, 200, ..., 900 and at its end (ten), handed over
+        # at the first sweep, when the window's age doubled (200, 400, 800) and at its end.
+        (1000.0, 1.0, [100.0, 200.0, 400.0, 800.0, 1000.0], [1, 1, 2, 4, 2]),
+        # Declared 500 s, true 1,000 s: its declared progress stops at 500 s, and so do its
+        # reports (five: at 100, ..., 400 and the one that reached 1).
+        (500.0, 2.0, [100.0, 200.0, 400.0, 500.0], [1, 1, 2, 1]),
+    ],
+)
+def test_a_jobs_progress_reports_reach_the_knowledge_folded_with_their_count(
+    solo: float, true: float, ends: list[float], counts: list[int]
+) -> None:
+    k = Recording()
+    simulate(
+        one_v100(),
+        [gjob("a", solo, job_type=RESNET)],
+        FirstFit(),
+        config=SimConfig(observe_every_s=100.0, reschedule_interval_s=10.0),
+        true_work={"a": true},
+        knowledge=k,
+    )
+    windows = [(o, n) for o, n in k.calls if o.kind is ObservationKind.PROGRESS]
+    assert [o.at_s for o, _ in windows] == pytest.approx(ends)
+    assert [n for _, n in windows] == counts
+    assert all(o.rate == pytest.approx(1.0 / solo) for o, _ in windows)
+    # What ten (five) separate reports would have added up to.
+    est = k.solo_time(gjob("a", solo), "V100")
+    assert est is not None and est.n == sum(counts)
+    assert est.value == pytest.approx(solo, rel=0.01)
+    assert k.observations == sum(counts) + 1  # and the completion
 
 
 def test_a_pair_that_ran_corrects_a_wrong_pair_prior() -> None:
