@@ -200,3 +200,100 @@ def test_bad_noise_and_round_flags_exit_2_naming_the_flag(flag: str, value: str,
     )
     assert proc.returncode == 2, proc.stderr
     assert flag in proc.stderr and field in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("scenario", "policy", "noise", "every"),
+    [("gavel100_p900", "hetero_srtf", 0.5, 300.0), ("coscheml003", "coscheml", 0.0, 20.0)],
+)
+def test_folded_reports_add_up_to_the_one_at_a_time_reports(
+    scenario: str, policy: str, noise: float, every: float
+) -> None:
+    # Beside the engine's folded hand-over, a twin knowledge gets every job's report one at a
+    # time (each report round: every running window; each close: the rest): the same windows,
+    # progress and seconds per job and context at the end. With estimate noise, declared
+    # progress that reaches 1 early cuts windows; restarts delay them (ready_at).
+    import dataclasses
+
+    from scheduler.policies.registry import build_policy
+    from scheduler.scenarios import load_scenario
+    from scheduler.simulator.engine import Simulator
+
+    class Twin(Simulator):
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(*args, **kwargs)
+            self.twin = Knowledge()
+            self.open: dict = {}  # job -> [start, declared progress, context]
+
+        def _report(self, job, reopen: bool) -> None:  # type: ignore[no-untyped-def]
+            t0, p0, ctx = self.open[job]
+            if ctx is not None and self.now > t0 and job.ready_at <= t0:
+                p = self._declared(job)
+                window = self.now - t0
+                if p >= 1.0 and job.rate > 0:
+                    window = min(window, (1.0 - p0) / (job.rate * job.work_factor))
+                if p > p0 + 1e-12 and window > 0:
+                    model, mode, co, spread, gpus = ctx
+                    self.twin.observe(
+                        Observation(
+                            kind=ObservationKind.PROGRESS,
+                            job_id=job.spec.id,
+                            job_type=job.spec.type_key(),
+                            at_s=t0 + window,
+                            window_s=window,
+                            gpu_model=model,
+                            gpus=gpus,
+                            mode=mode,
+                            co_runners=co,
+                            progress_from=p0,
+                            progress_to=p,
+                            spread=spread,
+                        )
+                    )
+            if reopen:
+                self.open[job][:2] = [self.now, self._declared(job)]
+            else:
+                del self.open[job]
+
+        def _observe_window(self, job, *, reopen: bool) -> None:  # type: ignore[no-untyped-def]
+            if not reopen and job in self.open:
+                self._report(job, False)
+            super()._observe_window(job, reopen=reopen)
+
+        def _open_window(self, job, ctx, rate) -> None:  # type: ignore[no-untyped-def]
+            super()._open_window(job, ctx, rate)
+            self.open[job] = [self.now, self._declared(job), ctx]
+
+        def _sweep_observations(self) -> None:
+            if self.now - self.last_sweep >= self.config.observe_every_s:
+                for job in self.running.values():
+                    if job in self.open and self.open[job][2] is not None:
+                        self._report(job, True)
+            super()._sweep_observations()
+
+    sc = load_scenario(scenario)
+    model = None if sc.interference in (None, "none") else build_interference(sc.interference)
+    config = dataclasses.replace(sc.config, estimate_noise=noise, observe_every_s=every)
+    folded = Recording()
+    sim = Twin(
+        sc.cluster,
+        list(sc.jobs),
+        build_policy(policy),
+        interference=model,
+        config=config,
+        knowledge=folded,
+    )
+    sim.run()
+    twin = sim.twin
+    completions = sum(1 for o, _ in folded.calls if o.kind is ObservationKind.COMPLETED)
+    assert folded.observations == twin.observations + completions  # every report counted
+    assert len(folded.calls) - completions < twin.observations  # in fewer calls
+    assert folded._corun or scenario != "coscheml003"  # co-runs measured there
+    for table in ("_solo", "_corun"):
+        a, b = getattr(folded, table), getattr(twin, table)
+        assert set(a) == set(b)
+        for key, rate in a.items():
+            assert rate.windows == b[key].windows, key
+            assert rate.progress == pytest.approx(b[key].progress, rel=1e-9), key
+            assert rate.seconds == pytest.approx(b[key].seconds, rel=1e-9), key
+    assert sum(r.windows for r in folded._solo.values()) > 2 * len(folded._solo)
