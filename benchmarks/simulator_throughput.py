@@ -131,13 +131,21 @@ def _maxrss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def replay(trace: str, gpus: int, policy: str, progress: bool) -> dict[str, Any]:
+class _OverLimit(Exception):
+    """The replay ran past its wall-clock limit (raised from the job-end callback)."""
+
+
+def replay(
+    trace: str, gpus: int, policy: str, progress: bool, limit_s: float | None = None
+) -> dict[str, Any]:
     """Replay ``trace`` under ``policy`` in this process; returns the figures. Runs in the
-    child process (see ``run``)."""
+    child process (see ``run``). ``limit_s``: stop at the first job end after that many
+    seconds of wall time and return how far it got (``finished`` False, ``jobs_done``,
+    ``sim_s`` reached, ``wall_s`` so far) instead of the figures of a whole run."""
     from scheduler.cluster_spec import parse_cluster_spec
     from scheduler.interference import build_interference
     from scheduler.policies.registry import build_policy
-    from scheduler.simulator import simulate
+    from scheduler.simulator.engine import Simulator
     from scheduler.simulator.results import EndReason, SimConfig
     from scheduler.traces import read_trace
 
@@ -158,15 +166,44 @@ def replay(trace: str, gpus: int, policy: str, progress: bool) -> dict[str, Any]
             bar.update(done - seen[0])
             seen[0] = done
 
+    sim = Simulator(
+        cluster,
+        jobs,
+        build_policy(policy),
+        interference=build_interference("measured"),
+        config=SimConfig(seed=0),
+        on_job_end=on_end,
+    )
+    t_start = time.perf_counter()
+    if limit_s is not None:
+        shown = on_end
+
+        def stop_at_limit(done: int, total: int) -> None:
+            if shown is not None:
+                shown(done, total)
+            if time.perf_counter() - t_start > limit_s:
+                raise _OverLimit(done)
+
+        sim.on_job_end = stop_at_limit
     try:
-        result = simulate(
-            cluster,
-            jobs,
-            build_policy(policy),
-            interference=build_interference("measured"),
-            config=SimConfig(seed=0),
-            on_job_end=on_end,
-        )
+        result = sim.run()
+    except _OverLimit as stop:
+        wall = time.perf_counter() - t_start
+        return {
+            "policy": policy,
+            "jobs": len(jobs),
+            "gpus": sim.gpu_count,
+            "finished": False,
+            "limit_s": limit_s,
+            "jobs_done": stop.args[0],
+            "sim_s": sim.now,
+            "running": len(sim.running),
+            "policy_calls": sim.policy_calls,
+            "wall_s": wall,
+            "policy_share": sum(sim.latencies) / wall if wall > 0 else 0.0,
+            "base_rss_mb": base_mb,
+            "peak_rss_mb": _maxrss_mb(),
+        }
     finally:
         if bar is not None:
             bar.close()
@@ -177,6 +214,7 @@ def replay(trace: str, gpus: int, policy: str, progress: bool) -> dict[str, Any]
         "policy": policy,
         "jobs": len(jobs),
         "gpus": result.gpu_count,
+        "finished": True,
         "completed": completed,
         "oom_count": result.oom_count,
         "events": result.events,
@@ -192,20 +230,24 @@ def replay(trace: str, gpus: int, policy: str, progress: bool) -> dict[str, Any]
     }
 
 
-def _child(conn: Any, trace: str, gpus: int, policy: str, progress: bool) -> None:
+def _child(
+    conn: Any, trace: str, gpus: int, policy: str, progress: bool, limit_s: float | None
+) -> None:
     try:
-        conn.send(("ok", replay(trace, gpus, policy, progress)))
+        conn.send(("ok", replay(trace, gpus, policy, progress, limit_s)))
     except BaseException as exc:  # report, do not hang the parent
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
         conn.close()
 
 
-def replay_in_child(trace: str, gpus: int, policy: str, progress: bool = False) -> dict[str, Any]:
+def replay_in_child(
+    trace: str, gpus: int, policy: str, progress: bool = False, limit_s: float | None = None
+) -> dict[str, Any]:
     """``replay`` in a fresh (spawned) process, so its peak memory is its own."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, trace, gpus, policy, progress))
+    proc = ctx.Process(target=_child, args=(child, trace, gpus, policy, progress, limit_s))
     proc.start()
     child.close()
     try:

@@ -59,10 +59,10 @@ class _Rate:
         self.seconds = 0.0
         self.windows = 0
 
-    def add(self, progress: float, seconds: float) -> None:
+    def add(self, progress: float, seconds: float, windows: int = 1) -> None:
         self.progress += progress
         self.seconds += seconds
-        self.windows += 1
+        self.windows += windows
 
     @property
     def rate(self) -> float | None:
@@ -117,9 +117,17 @@ class Knowledge:
 
     # -- learning -----------------------------------------------------------------------------
 
-    def observe(self, obs: Observation) -> None:
-        """Add what the cluster saw (a progress window or a completion)."""
-        self.observations += 1
+    def observe(self, obs: Observation, *, reports: int = 1) -> None:
+        """Add what the cluster saw (a progress window or a completion).
+
+        ``reports``: the progress reports a window stands for (default one). A simulator
+        that hands over the reports of a job at one speed and co-location folded into one
+        window (their summed progress and seconds) passes how many there were, so the
+        window counts as many as the reports would have (the measured solo time's sigma
+        shrinks with the count). At least 1."""
+        if reports < 1:
+            raise ValueError(f"reports must be >= 1, got {reports!r}")
+        self.observations += reports
         self._pair_cache.clear()
         self._who[obs.job_id] = (obs.job_type, obs.owner)
         if obs.kind is ObservationKind.COMPLETED:
@@ -130,11 +138,11 @@ class Knowledge:
         if done <= 0:
             return
         if obs.alone and obs.mode is not SharingMode.MIG:
-            self._solo[(obs.job_id, obs.gpu_model, obs.spread)].add(done, obs.window_s)
+            self._solo[(obs.job_id, obs.gpu_model, obs.spread)].add(done, obs.window_s, reports)
             self._by_type[(obs.job_type, obs.gpu_model, obs.spread)].add(obs.job_id)
         elif not obs.alone:
             co = tuple(sorted(set(obs.co_runners)))
-            self._corun[(obs.job_id, obs.gpu_model, obs.mode, co)].add(done, obs.window_s)
+            self._corun[(obs.job_id, obs.gpu_model, obs.mode, co)].add(done, obs.window_s, reports)
             self._corun_by_type[(obs.gpu_model, obs.mode, co, obs.job_type)].add(obs.job_id)
             self._corun_jobs.add(obs.job_id)
 

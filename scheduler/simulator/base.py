@@ -99,6 +99,9 @@ class SimulatorBase:
             )
         self.knowledge = knowledge
         self.last_sweep = 0.0
+        self.sweep_times: list[float] = []  # the instants of the progress-report sweeps
+        # (due time, job seq, window generation, job): windows due for their next report
+        self.obs_due: list[tuple[float, int, int, SimJob]] = []
         self.by_id = {j.spec.id: j for j in self.jobs}
         self.nodes: list[SimNode] = []
         self.node_by_name: dict[str, SimNode] = {}
@@ -153,6 +156,7 @@ class SimulatorBase:
         self.touched_gpus: set[SimGpu] = set()
         self.touched_jobs: set[SimJob] = set()
         # Snapshot caches.
+        self.gpu_states: dict[SimGpu, tuple[int, GpuState]] = {}  # (GPU version, its state)
         self.node_states: list[NodeState] = [self._node_state(n) for n in self.nodes]
         self.dirty_nodes: set[SimNode] = set()
         self.nodes_tuple: tuple[NodeState, ...] | None = None
@@ -270,26 +274,40 @@ class SimulatorBase:
     def _node_state(self, node: SimNode) -> NodeState:
         now = self.now
         gpus = []
+        touched = self.touched_gpus
+        cache = self.gpu_states
         for g in node.gpus:
+            # A GPU's state changes only with its jobs, mode, MIG instances (each marks it
+            # touched) or its utilisation (recomputed for touched GPUs, with a new version),
+            # and with time only while a job on it has memory steps: else the last one holds.
+            hit = cache.get(g)
+            if (
+                hit is not None
+                and hit[0] == g.version
+                and g not in touched
+                and not any(j.segments for j in g.jobs)
+            ):
+                gpus.append(hit[1])
+                continue
             used = 0.0
             committed = 0.0
             for j in g.jobs:
                 used += j.mem_at(j.progress_at(now))
                 committed += j.spec.memory_need_mb()
-            gpus.append(
-                GpuState(
-                    node=node.name,
-                    index=g.index,
-                    spec=g.spec,
-                    mode=g.mode,
-                    job_ids=tuple(j.spec.id for j in g.jobs),
-                    committed_memory_mb=committed,
-                    used_memory_mb=used,
-                    util_pct=100.0 * g.util,
-                    mig_slices_used=g.mig_used,
-                    mig_layout=self.mig.layout((node.name, g.index)),
-                )
+            state = GpuState(
+                node=node.name,
+                index=g.index,
+                spec=g.spec,
+                mode=g.mode,
+                job_ids=tuple(j.spec.id for j in g.jobs),
+                committed_memory_mb=committed,
+                used_memory_mb=used,
+                util_pct=100.0 * g.util,
+                mig_slices_used=g.mig_used,
+                mig_layout=self.mig.layout((node.name, g.index)),
             )
+            cache[g] = (g.version, state)
+            gpus.append(state)
         return NodeState(
             name=node.name,
             kind=node.kind,
@@ -307,31 +325,44 @@ class SimulatorBase:
     def _running_snapshot(self) -> tuple[RunningJob, ...]:
         now = self.now
         heap = self.rj_refresh
-        stale: set[SimJob] = set(self.rj_dirty)
-        while heap and heap[0][0] <= now:
-            _, _, version, job = heapq.heappop(heap)
-            if job.rj_version == version and job.status == RUNNING:
-                stale.add(job)
+        stale = self.rj_dirty
+        if heap and heap[0][0] <= now:
+            stale = set(stale)
+            pop = heapq.heappop
+            while heap and heap[0][0] <= now:
+                _, _, version, job = pop(heap)
+                if job.rj_version == version and job.status == RUNNING:
+                    stale.add(job)
         if stale or self.running_tuple is None:
             step = self.config.snapshot_progress_step
-            for job in sorted(stale, key=lambda j: j.seq):
+            rj = self.rj
+            push = heapq.heappush
+            # Jobs already in the snapshot keep their place; new ones join in trace order.
+            new = [j for j in stale if j.spec.id not in rj]
+            if len(new) > 1:
+                new.sort(key=lambda j: j.seq)
+            for job in (*(j for j in stale if j.spec.id in rj), *new):
                 if job.status != RUNNING:
                     continue
                 job.rj_version += 1
                 placement = job.placement
                 if placement is None:  # a running job always has one
                     raise SimulationError(f"job {job.spec.id!r} runs without a placement")
-                self.rj[job.spec.id] = RunningJob(
+                rate = job.rate
+                done = job.progress
+                if rate > 0.0:
+                    done = min(1.0, done + rate * (now - job.t_last))  # progress_at(now)
+                rj[job.spec.id] = RunningJob(
                     job=job.spec,
                     placement=placement,
                     started_s=job.last_start,
                     # What the job reports: steps done / declared steps (estimate).
-                    progress=min(1.0, job.progress_at(now) * job.work_factor),
+                    progress=min(1.0, done * job.work_factor),
                     paused=job.paused,
-                    elastic=self._elastic_state(job),
+                    elastic=None if job.dp is None else self._elastic_state(job),
                 )
-                if job.rate > 0.0:
-                    heapq.heappush(heap, (now + step / job.rate, job.seq, job.rj_version, job))
+                if rate > 0.0:
+                    push(heap, (now + step / rate, job.seq, job.rj_version, job))
             self.rj_dirty = set()
-            self.running_tuple = tuple(self.rj.values())
+            self.running_tuple = tuple(rj.values())
         return self.running_tuple

@@ -44,6 +44,7 @@ Execution model (docs/simulator.md has the long version):
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
@@ -415,7 +416,7 @@ class Simulator(ElasticJobs):
                 ctx = self._obs_context(job)
                 if ctx != job.obs_ctx or new_rate != job.rate:
                     self._observe_window(job, reopen=False)
-                    job.obs_t, job.obs_p, job.obs_ctx = self.now, self._declared(job), ctx
+                    self._open_window(job, ctx, new_rate)
             if new_rate != job.rate or job in touched_jobs:
                 job.rate = new_rate
                 job.version += 1
@@ -492,8 +493,20 @@ class Simulator(ElasticJobs):
         spread = len(job.nodes) > 1
         return (job.model, mode, tuple(co), spread, len(job.gpus))
 
+    def _open_window(self, job: SimJob, ctx: tuple | None, rate: float) -> None:
+        """Start measuring a new window of ``job`` (its context or speed changed); while it
+        progresses, it is due for its first report at the next sweep."""
+        now = self.now
+        job.obs_t, job.obs_p, job.obs_ctx = now, self._declared(job), ctx
+        job.obs_since = now
+        job.obs_gen += 1
+        if ctx is not None and rate > 0.0:
+            heapq.heappush(self.obs_due, (now, job.seq, job.obs_gen, job))
+
     def _observe_window(self, job: SimJob, *, reopen: bool) -> None:
-        """Hand the window since ``job.obs_t`` to the knowledge (if it progressed)."""
+        """Hand the window since ``job.obs_t`` to the knowledge (if it progressed), as the
+        progress reports the job made at the sweeps since then plus the one it makes now
+        (``_reports``)."""
         knowledge = self.knowledge
         if knowledge is None:
             return
@@ -522,23 +535,52 @@ class Simulator(ElasticJobs):
                         progress_to=p,
                         owner=job.spec.owner,
                         spread=spread,
-                    )
+                    ),
+                    reports=self._reports(job.obs_t, job.obs_t + window),
                 )
         if reopen:
             job.obs_t, job.obs_p = now, self._declared(job)
         else:
             job.obs_ctx = None
+            job.obs_gen += 1
+
+    def _reports(self, start: float, end: float) -> int:
+        """Progress reports a job makes over a constant-speed window from ``start`` to ``end``
+        (where its declared progress stopped moving, if before now): one at every sweep
+        inside it and one at its end."""
+        sweeps = self.sweep_times
+        return 1 + bisect.bisect_left(sweeps, end) - bisect.bisect_right(sweeps, start)
 
     def _sweep_observations(self) -> None:
-        """Report every running job's window (the live progress reports) every
-        ``SimConfig.observe_every_s`` seconds."""
+        """The live progress reports: every ``SimConfig.observe_every_s`` seconds (at the first
+        policy call after) every running job reports its progress since its last report.
+
+        A window whose job keeps its speed and co-location adds the same rate at every
+        report, so it is handed to the knowledge folded: at the first sweep after it opened,
+        then only when its age doubled (or ``observe_every_s`` passed), and when it closes,
+        each time with the sum of the reports folded in (``Knowledge.observe``'s
+        ``reports``). The knowledge gets the same windows' progress, seconds and count, each
+        rate as soon as the first report, and the sweep costs the windows due, not every
+        running job."""
         if self.knowledge is None or self.now - self.last_sweep < self.config.observe_every_s:
             return
-        self.last_sweep = self.now
-        for job in self.running.values():
-            if job.obs_ctx is not None:
-                self._advance(job)
-                self._observe_window(job, reopen=True)
+        now = self.now
+        self.last_sweep = now
+        due = self.obs_due
+        every = self.config.observe_every_s
+        later: list[tuple[float, int, int, SimJob]] = []
+        while due and due[0][0] <= now:
+            _, seq, gen, job = heapq.heappop(due)
+            if job.obs_gen != gen or job.obs_ctx is None or job.rate <= 0.0:
+                continue  # closed since, or not progressing (a new window opens when it does)
+            if now <= job.obs_t:
+                later.append((now + every, seq, gen, job))
+                continue
+            self._observe_window(job, reopen=True)
+            later.append((now + max(every, now - job.obs_since), seq, gen, job))
+        for entry in later:
+            heapq.heappush(due, entry)
+        self.sweep_times.append(now)
 
     def _call_policy(self) -> None:
         self._sweep_observations()

@@ -62,6 +62,8 @@ class SimJob:
         "obs_t",
         "obs_p",
         "obs_ctx",
+        "obs_since",
+        "obs_gen",
         "run_s",
     )
 
@@ -107,6 +109,8 @@ class SimJob:
         self.obs_t = 0.0
         self.obs_p = 0.0
         self.obs_ctx: tuple | None = None
+        self.obs_since = 0.0  # when the window's speed and context began (report back-off)
+        self.obs_gen = 0  # bumped when a window opens or closes (stale report entries)
         self.run_s = 0.0  # seconds placed, every attempt
         # Memory phases as segments (start, end, from_mb, to_mb); bounds = starts.
         steps = spec.profile.memory_steps if spec.profile is not None else ()

@@ -69,3 +69,14 @@ def test_trace_generator_is_deterministic(tmp_path):
     jobs = read_trace(tmp_path / "a.csv", fmt="gavel")
     assert len(jobs) == 200 and {j.gpus for j in jobs} <= {1, 2, 4, 8}
     assert all(set(j.profile.gpu_time_s) <= {"K80", "P100", "V100"} for j in jobs)
+
+
+def test_a_replay_past_its_wall_limit_stops_and_says_how_far_it_got(tmp_path):
+    trace = tmp_path / "t.csv"
+    simulator_throughput.make_trace(trace, 300, 48)
+    whole = simulator_throughput.replay(str(trace), 48, "fifo", False)
+    assert whole["finished"] and whole["completed"] == 300
+    stopped = simulator_throughput.replay(str(trace), 48, "fifo", False, limit_s=0.0)
+    assert stopped["finished"] is False and stopped["limit_s"] == 0.0
+    assert stopped["jobs_done"] == 1 and stopped["sim_s"] > 0 and stopped["policy_calls"] >= 1
+    assert stopped["wall_s"] >= 0.0 and stopped["running"] >= 0

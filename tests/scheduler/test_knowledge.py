@@ -51,6 +51,23 @@ def test_own_windows_pull_the_estimate_to_the_measurement():
     assert left is not None and left.value == pytest.approx(est.value / 2)
 
 
+def test_a_window_that_folds_reports_counts_as_that_many_windows():
+    # One 400-s window standing for four 100-s reports (a simulator folds a job's reports at
+    # one speed) says what the four reports say: the same rate, count and spread.
+    folded, split = Knowledge(obs_sigma=0.1), Knowledge(obs_sigma=0.1)
+    folded.observe(_window("1", 0.2, 400.0), reports=4)
+    for i in range(4):
+        split.observe(_window("1", 0.05, 100.0, start=0.05 * i))
+    a, b = folded.solo_time(_job("1"), "V100"), split.solo_time(_job("1"), "V100")
+    assert a is not None and b is not None
+    assert a.value == pytest.approx(b.value)
+    assert a.sigma == pytest.approx(b.sigma) and a.sigma < 0.1
+    assert a.n == b.n == 4
+    assert folded.observations == split.observations == 4
+    with pytest.raises(ValueError, match="reports"):
+        folded.observe(_window("1", 0.1, 100.0), reports=0)
+
+
 def test_same_type_jobs_inform_a_new_job_without_a_profile():
     k = Knowledge()
     k.observe(_window("1", 0.1, 300.0))  # 3000 s

@@ -295,3 +295,45 @@ def test_timeline_integrates_to_busy_gpu_seconds():
     area = sum(p.busy_gpus * (q.t_s - p.t_s) for p, q in zip(tl, tl[1:], strict=False))
     assert area == pytest.approx(100.0 + 40.0)
     assert tl[-1].busy_gpus == 0 and tl[-1].queued == 0
+
+
+def test_snapshots_rebuild_only_the_gpus_that_changed():
+    # One node of two GPUs: a starts on GPU 0 at 0 s, b on GPU 1 at 10 s, c waits at 20 s.
+    seen: dict[float, tuple] = {}
+    policy = FirstFit(check=lambda state: seen.setdefault(state.now_s, state.nodes[0].gpus))
+    c = cluster({"name": "v", "count": 1, "gpu_model": "V100", "gpus_per_node": 2})
+    jobs = [job("a", 100.0), job("b", 100.0, arrival=10.0), job("c", 100.0, arrival=20.0)]
+    simulate(c, jobs, policy)
+    at0, at10, at20 = seen[0.0], seen[10.0], seen[20.0]
+    assert at10[0].job_ids == ("a",) and at10[1] is at0[1]  # GPU 1 untouched: the same state
+    assert at20[1].job_ids == ("b",) and at20[0] is at10[0]  # GPU 0 untouched since
+    assert at20[0].util_pct == 100.0 and at20[1].util_pct == 100.0
+
+
+@pytest.mark.parametrize("scenario", ["sharing001", "seed004", "coscheml003"])
+def test_cached_node_snapshots_equal_a_rebuild_from_scratch(scenario: str) -> None:
+    # MPS, time-slicing and MIG (sharing001), memory steps (seed004), co-location
+    # (coscheml003): at every policy call, under every policy of the scenario.
+    from scheduler.interference import build_interference
+    from scheduler.policies.registry import build_policy
+    from scheduler.scenarios import load_scenario
+    from scheduler.simulator.engine import Simulator
+
+    checks = []
+
+    class Checked(Simulator):
+        def _nodes_snapshot(self):  # type: ignore[no-untyped-def]
+            got = super()._nodes_snapshot()
+            kept, self.gpu_states = self.gpu_states, {}
+            fresh = tuple(self._node_state(n) for n in self.nodes)
+            self.gpu_states = kept
+            assert got == fresh, self.now
+            checks.append(self.now)
+            return got
+
+    sc = load_scenario(scenario)
+    model = None if sc.interference in (None, "none") else build_interference(sc.interference)
+    for name in sc.policies:
+        policy = build_policy(name, sc.policy_params.get(name))
+        Checked(sc.cluster, list(sc.jobs), policy, interference=model, config=sc.config).run()
+    assert len(checks) > 50
