@@ -136,12 +136,19 @@ class _OverLimit(Exception):
 
 
 def replay(
-    trace: str, gpus: int, policy: str, progress: bool, limit_s: float | None = None
+    trace: str,
+    gpus: int,
+    policy: str,
+    progress: bool,
+    limit_s: float | None = None,
+    round_s: float | None = None,
 ) -> dict[str, Any]:
     """Replay ``trace`` under ``policy`` in this process; returns the figures. Runs in the
     child process (see ``run``). ``limit_s``: stop at the first job end after that many
     seconds of wall time and return how far it got (``finished`` False, ``jobs_done``,
-    ``sim_s`` reached, ``wall_s`` so far) instead of the figures of a whole run."""
+    ``sim_s`` reached, ``wall_s`` so far) instead of the figures of a whole run.
+    ``round_s``: the policy decides only every so many seconds (``SimConfig.round_s``, as
+    Gavel and the peers' comparison); None: on every arrival and completion."""
     from scheduler.cluster_spec import parse_cluster_spec
     from scheduler.interference import build_interference
     from scheduler.policies.registry import build_policy
@@ -171,7 +178,7 @@ def replay(
         jobs,
         build_policy(policy),
         interference=build_interference("measured"),
-        config=SimConfig(seed=0),
+        config=SimConfig(seed=0, round_s=round_s),
         on_job_end=on_end,
     )
     t_start = time.perf_counter()
@@ -193,6 +200,7 @@ def replay(
             "policy": policy,
             "jobs": len(jobs),
             "gpus": sim.gpu_count,
+            "round_s": round_s,
             "finished": False,
             "limit_s": limit_s,
             "jobs_done": stop.args[0],
@@ -214,6 +222,7 @@ def replay(
         "policy": policy,
         "jobs": len(jobs),
         "gpus": result.gpu_count,
+        "round_s": round_s,
         "finished": True,
         "completed": completed,
         "oom_count": result.oom_count,
@@ -231,10 +240,16 @@ def replay(
 
 
 def _child(
-    conn: Any, trace: str, gpus: int, policy: str, progress: bool, limit_s: float | None
+    conn: Any,
+    trace: str,
+    gpus: int,
+    policy: str,
+    progress: bool,
+    limit_s: float | None,
+    round_s: float | None = None,
 ) -> None:
     try:
-        conn.send(("ok", replay(trace, gpus, policy, progress, limit_s)))
+        conn.send(("ok", replay(trace, gpus, policy, progress, limit_s, round_s)))
     except BaseException as exc:  # report, do not hang the parent
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -242,12 +257,17 @@ def _child(
 
 
 def replay_in_child(
-    trace: str, gpus: int, policy: str, progress: bool = False, limit_s: float | None = None
+    trace: str,
+    gpus: int,
+    policy: str,
+    progress: bool = False,
+    limit_s: float | None = None,
+    round_s: float | None = None,
 ) -> dict[str, Any]:
     """``replay`` in a fresh (spawned) process, so its peak memory is its own."""
     ctx = multiprocessing.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, trace, gpus, policy, progress, limit_s))
+    proc = ctx.Process(target=_child, args=(child, trace, gpus, policy, progress, limit_s, round_s))
     proc.start()
     child.close()
     try:
