@@ -226,8 +226,11 @@ _TABLE_KNOWLEDGE: list[KnowledgeView] = []
 
 
 def table_knowledge() -> KnowledgeView:
-    """A knowledge holding only the Gavel table as its pair prior (built once): what a
-    policy handed no ``ClusterState.knowledge`` asks."""
+    """A knowledge holding only the Gavel table as its pair prior and no observations, made
+    once per process (it is only read; its answers depend on the job types alone and are
+    cached): what a policy handed no ``ClusterState.knowledge`` asks (the filter's check,
+    ``hetero_srtf``'s pair speeds). The live side builds a policy per cycle, which would
+    otherwise load the table and estimate every pair again each time."""
     if not _TABLE_KNOWLEDGE:
         from scheduler.knowledge import Knowledge
         from scheduler.knowledge.priors import table_pair_prior

@@ -125,6 +125,7 @@ from scheduler.domain import (
     SharingMode,
 )
 from scheduler.policies.base import Policy, PolicyError
+from scheduler.policies.filtering import table_knowledge
 from scheduler.policies.framework import framework_defaults
 from scheduler.policies.hetero_srtf_assign import Cand, assign_models
 from scheduler.policies.hetero_srtf_estimates import (
@@ -161,22 +162,6 @@ _INF = math.inf
 #: ``JobSpec.params`` key a caller may set to the job's past preemptions (the live side rebuilds
 #: the policy every cycle, so its own count starts at 0 each time).
 PREEMPTIONS_PARAM = "preemptions"
-
-
-_TABLE_KNOWLEDGE: list[Any] = []
-
-
-def _table_knowledge() -> Any:
-    """A ``Knowledge`` with the Gavel pair table as its prior and no observations, made once
-    per process: it is only read (its answers depend on the job types alone and are cached),
-    and the live side builds a policy object per cycle, which paid the table's loading and
-    every pair's estimate again each time."""
-    if not _TABLE_KNOWLEDGE:
-        from scheduler.knowledge import Knowledge
-        from scheduler.knowledge.priors import table_pair_prior
-
-        _TABLE_KNOWLEDGE.append(Knowledge(pair_prior=table_pair_prior()))
-    return _TABLE_KNOWLEDGE[0]
 
 
 def _sorted_by(
@@ -292,7 +277,7 @@ class HeteroSrtfPolicy(Policy):
         knowledge = self._knowledge
         if knowledge is None:
             if self._pairs is None:
-                self._pairs = _table_knowledge()
+                self._pairs = table_knowledge()
             knowledge = self._pairs
         ea = knowledge.co_run_speed(a, spec.model, (b,), SharingMode.MPS)
         eb = knowledge.co_run_speed(b, spec.model, (a,), SharingMode.MPS)
