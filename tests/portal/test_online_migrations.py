@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -161,6 +163,9 @@ def test_a_job_runs_through_a_migration(live_server, alice, tmp_path):
     log = log_path.open("w")
     agent = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     migrated_back = False
+    gate_dir = Path(tempfile.mkdtemp(prefix="cosched-migrate-gate-"))
+    gate_dir.chmod(0o755)
+    gate = gate_dir / "migrated"
     try:
         deadline = time.monotonic() + 30
         while not Node.objects.filter(name="migrating-node", agent_version__gt=0).exists():
@@ -168,7 +173,14 @@ def test_a_job_runs_through_a_migration(live_server, alice, tmp_path):
             assert time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.2)
 
-        job, _ = job_submit(alice, name="through", command="sleep 8; echo survived", cpus=1)
+        # The job runs until the test says the migration is over (a file it can see: the
+        # job may run as another unix account), so it spans the whole migration however
+        # long that takes on a loaded machine; it gives up after two minutes (exit 1).
+        command = (
+            f"for i in $(seq 600); do [ -e {gate} ] && break; sleep 0.2; done; "
+            f"[ -e {gate} ] && echo survived"
+        )
+        job, _ = job_submit(alice, name="through", command=command, cpus=1)
         deadline = time.monotonic() + 30
         while Job.objects.get(pk=job.pk).state != "RUNNING":
             assert time.monotonic() < deadline, log_path.read_text()[-3000:]
@@ -186,6 +198,7 @@ def test_a_job_runs_through_a_migration(live_server, alice, tmp_path):
         assert f"Applying core.{newest}" in up.stdout
         migrated_back = False
         finished_migrating = time.time()
+        gate.touch()
 
         deadline = time.monotonic() + 60
         while Job.objects.get(pk=job.pk).state != "COMPLETED":
@@ -209,6 +222,8 @@ def test_a_job_runs_through_a_migration(live_server, alice, tmp_path):
     finally:
         if migrated_back:
             _migrate()
+        gate.touch()
         agent.terminate()
         agent.wait(15)
         log.close()
+        shutil.rmtree(gate_dir, ignore_errors=True)
