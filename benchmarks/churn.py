@@ -25,6 +25,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,18 +66,24 @@ def cycle_row(gpus: int, pending: int) -> dict[str, Any]:
     }
 
 
-def replay_row(
-    jobs: int, gpus: int, limit_s: float | None = REPLAY_LIMIT_S, round_s: float | None = None
-) -> dict[str, Any]:
-    """The replay's figures (``simulator_throughput.replay``); stopped after ``limit_s`` of
-    wall time if still running (None: no limit); ``round_s``: decision rounds (None: on
-    events)."""
+def replay_rows(
+    jobs: int,
+    gpus: int,
+    rounds: Sequence[float | None] = REPLAY_ROUNDS,
+    limit_s: float | None = REPLAY_LIMIT_S,
+) -> list[dict[str, Any]]:
+    """The replay's figures (``simulator_throughput.replay``) of one trace, once per decision
+    round of ``rounds`` (None: on events); each stopped after ``limit_s`` of wall time if still
+    running (None: no limit)."""
     from benchmarks.simulator_throughput import make_trace, replay_in_child
 
     with tempfile.TemporaryDirectory(prefix="cosched-churn-") as tmp:
         trace = Path(tmp) / "trace.csv"
         make_trace(trace, jobs, gpus)
-        return replay_in_child(str(trace), gpus, "hetero_srtf", limit_s=limit_s, round_s=round_s)
+        return [
+            replay_in_child(str(trace), gpus, "hetero_srtf", limit_s=limit_s, round_s=round_s)
+            for round_s in rounds
+        ]
 
 
 def run(quick: bool = False) -> dict:
@@ -97,15 +104,14 @@ def run(quick: bool = False) -> dict:
         summary[f"requeued % per cycle, {r['pending']:,} pending"] = round(
             100 * r["requeued_share"], 3
         )
-    replays = []
-    for round_s in REPLAY_ROUNDS:
+    print(
+        f"  replay: {sizes['replay_jobs']:,} jobs on {sizes['replay_gpus']:,} GPUs, on events "
+        "and in rounds ...",
+        file=sys.stderr,
+    )
+    replays = replay_rows(int(sizes["replay_jobs"]), int(sizes["replay_gpus"]))
+    for round_s, rep in zip(REPLAY_ROUNDS, replays, strict=True):
         how = "decisions on events" if round_s is None else f"{round_s:g}-s rounds"
-        print(
-            f"  replay: {sizes['replay_jobs']:,} jobs on {sizes['replay_gpus']:,} GPUs, {how} ...",
-            file=sys.stderr,
-        )
-        rep = replay_row(int(sizes["replay_jobs"]), int(sizes["replay_gpus"]), round_s=round_s)
-        replays.append(rep)
         print(f"replay ({how}): {rep}")
         label = f"replay s, {sizes['replay_jobs']:,} jobs, {how}"
         if rep.get("finished"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -123,6 +124,30 @@ def _present_job_seconds(
         (s.total_seconds(), None if f is None else f.total_seconds()) for s, f in rows.iterator()
     ]
     return job_seconds_present(intervals, arrivals, _seconds(now))
+
+
+class _PresentJobSeconds(Mapping[str, float]):
+    """``ClusterState.present_job_s``, read from the database on first use: only a policy
+    with a finish-time-fairness cap asks, and the query reads every job present since the
+    oldest arrival, so the other policies' cycles do not pay for it."""
+
+    def __init__(self, pending: tuple[JobSpec, ...], running: list[RunningJob], now: datetime):
+        self._args = (pending, running, now)
+        self._values: dict[str, float] | None = None
+
+    def _loaded(self) -> dict[str, float]:
+        if self._values is None:
+            self._values = _present_job_seconds(*self._args)
+        return self._values
+
+    def __getitem__(self, job_id: str) -> float:
+        return self._loaded()[job_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
 
 
 def build_snapshot(now: datetime | None = None) -> Snapshot:
@@ -252,7 +277,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
         )
 
     pending = tuple(to_spec(j) for j in pending_rows)
-    present = _present_job_seconds(pending, running, now)
+    present = _PresentJobSeconds(pending, running, now)
     state = ClusterState(
         now_s=_seconds(now),
         nodes=tuple(node_states),

@@ -48,6 +48,7 @@ Feasibility rules (all policies built on ``FrameworkPolicy``):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -222,21 +223,17 @@ class KnowledgeCheck:
         return 1.0 if possible else math.inf
 
 
-_TABLE_KNOWLEDGE: list[KnowledgeView] = []
-
-
+@functools.cache
 def table_knowledge() -> KnowledgeView:
     """A knowledge holding only the Gavel table as its pair prior and no observations, made
     once per process (it is only read; its answers depend on the job types alone and are
     cached): what a policy handed no ``ClusterState.knowledge`` asks (the filter's check,
     ``hetero_srtf``'s pair speeds). The live side builds a policy per cycle, which would
     otherwise load the table and estimate every pair again each time."""
-    if not _TABLE_KNOWLEDGE:
-        from scheduler.knowledge import Knowledge
-        from scheduler.knowledge.priors import table_pair_prior
+    from scheduler.knowledge import Knowledge
+    from scheduler.knowledge.priors import table_pair_prior
 
-        _TABLE_KNOWLEDGE.append(Knowledge(pair_prior=table_pair_prior()))
-    return _TABLE_KNOWLEDGE[0]
+    return Knowledge(pair_prior=table_pair_prior())
 
 
 def co_run_ok(

@@ -108,7 +108,7 @@ from __future__ import annotations
 import gc
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, ClassVar
 
 from scheduler.domain import (
@@ -492,13 +492,7 @@ class HeteroSrtfPolicy(Policy):
             pinned: bool | None = None  # looked up when needed
             if bounded and not shared and here is not None and job.profile is not None:
                 # A job no waiting job could preempt keeps its GPUs without a full estimate.
-                pid = id(job.profile)
-                solo = solos.get(pid, _INF)
-                if solo == _INF:
-                    times = [
-                        t for m, t in job.profile.gpu_time_s.items() if t > 0 and m in model_set
-                    ]
-                    solo = solos[pid] = min(times) if times else None
+                solo = self._fastest_solo(job, model_set, solos)
                 if solo is not None:
                     prog = rj.progress
                     left = OVERRUN_LEFT if prog >= 1.0 else (d if (d := 1.0 - prog) > 0.0 else 0.0)
@@ -519,7 +513,7 @@ class HeteroSrtfPolicy(Policy):
                             filed.append((rpl, rj))
                         continue
             if pinned is None:
-                pinned = self._pinned(job, models, solos)
+                pinned = self._pinned(job, model_set, solos)
             c = make(job, rj)
             if c is None:
                 continue
@@ -535,21 +529,18 @@ class HeteroSrtfPolicy(Policy):
                 running.append(c)
 
         # 3. Who runs: merge by (defended) key.
+        def ranked_by(c: Cand) -> float:
+            """A candidate's place in the merge: a waiting job's key, a running job's
+            defended key (``defended_key``), -inf for a pinned one."""
+            if c.running is None:
+                return c.key
+            return -_INF if c.pinned else c.key * keep_frac - cost_s
+
         def rank(c: Cand) -> tuple[float, int, float, str]:
-            if c.running is not None:
-                if c.pinned:
-                    return (-_INF, 0, c.job.arrival_s, c.job.id)
-                return (defended_key(c.key, self.cost_s, self.margin), 0, c.job.arrival_s, c.job.id)
-            return (c.key, 1, c.job.arrival_s, c.job.id)
+            return (ranked_by(c), 0 if c.running is not None else 1, c.job.arrival_s, c.job.id)
 
         # sorted(running + pending, key=rank); job ids break every tie
-        ordered = _sorted_by(
-            running + pending,
-            lambda c: (
-                c.key if c.running is None else (-_INF if c.pinned else c.key * keep_frac - cost_s)
-            ),
-            rank,
-        )
+        ordered = _sorted_by(running + pending, ranked_by, rank)
         cap_left = sum(capacity.values())
         chosen: list[Cand] = []
         for c in ordered:
@@ -589,15 +580,10 @@ class HeteroSrtfPolicy(Policy):
         budget = self._churn_allowance(len(state.running))
         budget += sum(1 for c in chosen if c.running is None and c.key < 0)
         if len(leaving) > budget:
-            # (-rank(c)[0], arrival, id), written out
             leaving = _sorted_by(
                 leaving,
-                lambda c: _INF if c.pinned else -(c.key * keep_frac - cost_s),
-                lambda c: (
-                    _INF if c.pinned else -(c.key * keep_frac - cost_s),
-                    c.job.arrival_s,
-                    c.job.id,
-                ),
+                lambda c: -ranked_by(c),
+                lambda c: (-ranked_by(c), c.job.arrival_s, c.job.id),
             )
             # the deferred keep their GPUs; jobs chosen for them wait (placement fails)
             keep.extend(leaving[budget:])
@@ -890,7 +876,9 @@ class HeteroSrtfPolicy(Policy):
             given = 0
         return max(self.preemptions.get(job.id, 0), given)
 
-    def _pinned(self, job: JobSpec, models: Sequence[str], solos: dict[int, float | None]) -> bool:
+    def _pinned(
+        self, job: JobSpec, models: Collection[str], solos: dict[int, float | None]
+    ) -> bool:
         """Whether a running job keeps its GPUs against other jobs (it may still move to an
         idle, faster GPU): after ``max_preemptions`` preemptions, or once the restart time
         they cost (``preemption_cost_s`` each) reaches ``max_restart_share`` of its estimated
@@ -909,7 +897,7 @@ class HeteroSrtfPolicy(Policy):
         return n * self.cost_s >= self.restart_share * solo
 
     def _fastest_solo(
-        self, job: JobSpec, models: Sequence[str], solos: dict[int, float | None]
+        self, job: JobSpec, models: Collection[str], solos: dict[int, float | None]
     ) -> float | None:
         """The job's profiled time on its fastest model of ``models`` (consolidated), cached
         per profile object in ``solos`` within a cycle."""

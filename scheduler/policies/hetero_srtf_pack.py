@@ -207,9 +207,9 @@ def pack_waiting(
     by_size: dict[int, list[tuple[str, str | None, str | None]]] = {}
     for k, m, t, o in groups:
         by_size.setdefault(k, []).append((m, t, o))
-    free_hosts: dict[tuple[int, str, str | None, str | None], _Hosts] = {}
+    free_hosts: dict[GroupKey, _Hosts] = {}
 
-    def hosts_of_group(gkey: tuple[int, str, str | None, str | None]) -> _Hosts:
+    def hosts_of_group(gkey: GroupKey) -> _Hosts:
         got = free_hosts.get(gkey)
         if got is None:
             got = free_hosts[gkey] = _Hosts(groups[gkey], keys_of)
@@ -260,23 +260,16 @@ def pack_waiting(
             continue
         value, keys, h, m, hosts_of, mem = best
         need = max(1, c.job.cpus)
-        if len(keys) == 1:  # one GPU: the general case below, written short
-            n, i = keys[0]
-            if cores.get(n, 0) < need:
-                continue
-            parts = [PlacementPart(n, (i,), need)]
+        nodes = sorted({n for n, _ in keys})
+        if any(cores.get(n, 0) < need for n in nodes):
+            continue
+        by_node: dict[str, list[int]] = {}
+        for n, i in keys:
+            by_node.setdefault(n, []).append(i)
+        order = list(dict.fromkeys(n for n, _ in keys))
+        parts = [PlacementPart(n, tuple(by_node[n]), need) for n in order]
+        for n in order:
             cores[n] -= need
-        else:
-            nodes = sorted({n for n, _ in keys})
-            if any(cores.get(n, 0) < need for n in nodes):
-                continue
-            by_node: dict[str, list[int]] = {}
-            for n, i in keys:
-                by_node.setdefault(n, []).append(i)
-            order = list(dict.fromkeys(n for n, _ in keys))
-            parts = [PlacementPart(n, tuple(by_node[n]), need) for n in order]
-            for n in order:
-                cores[n] -= need
         pl = Placement(
             c.job.id,
             parts[0].node,

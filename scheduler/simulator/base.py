@@ -349,9 +349,7 @@ class SimulatorBase:
                 if placement is None:  # a running job always has one
                     raise SimulationError(f"job {job.spec.id!r} runs without a placement")
                 rate = job.rate
-                done = job.progress
-                if rate > 0.0:
-                    done = min(1.0, done + rate * (now - job.t_last))  # progress_at(now)
+                done = job.progress_at(now)
                 rj[job.spec.id] = RunningJob(
                     job=job.spec,
                     placement=placement,
