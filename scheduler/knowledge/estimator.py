@@ -32,6 +32,8 @@ from scheduler.knowledge.observations import Observation, ObservationKind
 PairPrior = Callable[[JobSpec, Sequence[JobSpec], str, SharingMode], float | None]
 
 _MIN_SIGMA = 0.02
+#: Completed run times a length distribution keeps (the latest of its pool).
+DURATION_SAMPLES = 500
 
 
 def _combine(parts: Sequence[tuple[float, float, int, str]]) -> Estimate | None:
@@ -109,6 +111,9 @@ class Knowledge:
         ] = defaultdict(set)
         # (type, owner or None) -> completed run times (s)
         self._durations: dict[tuple[str, str | None], list[float]] = defaultdict(list)
+        self._all_durations: list[float] = []  # every completed run time, in order
+        # duration_samples answers, cleared by every completion
+        self._samples: dict[tuple[str, str | None], tuple[tuple[float, ...], str]] = {}
         self.observations = 0
         # co_run_speed answers, cleared by every observation (policies ask the same pairs of
         # types many times a cycle)
@@ -131,8 +136,11 @@ class Knowledge:
         self._pair_cache.clear()
         self._who[obs.job_id] = (obs.job_type, obs.owner)
         if obs.kind is ObservationKind.COMPLETED:
-            self._durations[(obs.job_type, obs.owner)].append(obs.window_s)
-            self._durations[(obs.job_type, None)].append(obs.window_s)
+            if obs.owner is not None:
+                self._durations[(obs.job_type, obs.owner)].append(obs.window_s)
+            self._durations[(obs.job_type, None)].append(obs.window_s)  # once without owner
+            self._all_durations.append(obs.window_s)
+            self._samples.clear()
             return
         done = obs.progress_to - obs.progress_from
         if done <= 0:
@@ -226,6 +234,35 @@ class Knowledge:
         return Estimate(
             math.exp(mean), max(sigma, self.obs_sigma), len(times), f"{len(times)} completed"
         )
+
+    def duration_samples(
+        self, job_type: str, owner: str | None = None, *, at_least: int = 5
+    ) -> tuple[tuple[float, ...], str]:
+        """(completed jobs' run times, ascending; what they are) for a job of ``job_type``
+        by ``owner`` whose length is unknown: that owner's jobs of the type when at least
+        ``at_least`` completed, else the type's, else every completed job's (the empirical
+        length distribution ``scheduler.gittins`` reads). The latest ``DURATION_SAMPLES``
+        of the pool; empty when nothing completed yet."""
+        key = (job_type, owner)
+        hit = self._samples.get(key)
+        if hit is not None:
+            return hit
+        pools: list[tuple[list[float], str]] = []
+        if owner is not None:
+            pools.append(
+                (self._durations.get((job_type, owner), []), f"of type {job_type} by {owner}")
+            )
+        pools.append((self._durations.get((job_type, None), []), f"of type {job_type}"))
+        pools.append((self._all_durations, "of any type"))
+        chosen, what = [], ""
+        for times, label in pools:
+            if len(times) >= at_least or times is self._all_durations:
+                chosen, what = times, label
+                break
+        recent = sorted(chosen[-DURATION_SAMPLES:])
+        out = (tuple(recent), f"{len(recent)} completed jobs {what}" if recent else "")
+        self._samples[key] = out
+        return out
 
     def co_run_possible(
         self,
