@@ -242,6 +242,11 @@ class JobSpec:
     # 0 MB) may be packed. Traces: True (their co-location is decided by measured pair tables);
     # the portal: False, such a job is treated as needing a whole GPU.
     pack_unknown_memory: bool = True
+    # Whether the profile's times are this job's length (its declared work). False: the job
+    # did not say how long it runs, and the profile's times give only its relative speed per
+    # GPU model (scaled to a nominal length). Policies that rank by length treat it as a job
+    # of unknown length (``scheduler.gittins``); a job without a profile is one anyway.
+    length_known: bool = True
 
     def memory_known(self) -> bool:
         """Whether the job's GPU memory need is known: asked, or its profile's max."""
@@ -481,6 +486,10 @@ class KnowledgeView(Protocol):
 
     def duration(self, job_type: str, owner: str | None = None) -> Estimate | None: ...
 
+    def duration_samples(
+        self, job_type: str, owner: str | None = None, *, at_least: int = 5
+    ) -> tuple[tuple[float, ...], str]: ...
+
     def co_run_speed(
         self,
         job: JobSpec,
@@ -515,6 +524,12 @@ class ClusterState:
     # fairness cap reads. The live loop fills it (its policy is built afresh each cycle);
     # None: a policy kept between calls counts it itself (the simulator).
     present_job_s: Mapping[str, float] | None = None
+    # Job id -> seconds the job has held its placement so far, every attempt (its attained
+    # service, for jobs of unknown length: ``scheduler.gittins``). The live loop reads it
+    # from the attempt history, the simulator from its jobs (a view of its clock: read it
+    # during the call). None: not known (a policy may count the current attempt of a running
+    # job, ``now_s - started_s``).
+    attained_s: Mapping[str, float] | None = None
 
     def node(self, name: str) -> NodeState:
         for n in self.nodes:

@@ -52,3 +52,47 @@ def with_noisy_estimates(
         truth[job.id] = 1.0 / noise
         out.append(dataclasses.replace(job, profile=est))
     return out, truth
+
+
+#: The length a job that declared none is given in its profile: its fastest model's time.
+NOMINAL_LENGTH_S = 3600.0
+
+
+def with_hidden_lengths(
+    jobs: Sequence[JobSpec], share: float, seed: int, *, nominal_s: float = NOMINAL_LENGTH_S
+) -> tuple[list[JobSpec], dict[str, float]]:
+    """(``jobs`` where a seeded ``share`` of them declare no length, job id -> true / declared
+    work for those).
+
+    A chosen job keeps its profile's *relative* speeds per GPU model, scaled so that its
+    fastest model takes ``nominal_s``, and gets ``length_known=False``: a policy sees how much
+    faster it runs on one GPU than on another (the application's measured throughput) but not
+    how long it runs. The map is the truth the engine runs (``simulate(..., true_work=...)``),
+    never a policy's. Jobs without GPU times are left as they are.
+    """
+    if not 0 <= share <= 1 or math.isnan(share):
+        raise ValueError(f"hidden-length share must be in [0, 1], got {share!r}")
+    if not 0 < nominal_s < math.inf:
+        raise ValueError(f"nominal length must be > 0, got {nominal_s!r}")
+    rng = random.Random(f"hide-lengths:{seed}")
+    out = []
+    truth: dict[str, float] = {}
+    for job in jobs:
+        hide = rng.random() < share  # one draw per job, in trace order
+        prof = job.profile
+        fastest = min((t for t in prof.gpu_time_s.values() if t > 0), default=0.0) if prof else 0
+        if not hide or prof is None or fastest <= 0:
+            out.append(job)
+            continue
+        scale = nominal_s / fastest
+        est = dataclasses.replace(
+            prof,
+            gpu_time_s={m: t * scale for m, t in prof.gpu_time_s.items()},
+            gpu_time_unconsolidated_s={
+                m: t * scale for m, t in prof.gpu_time_unconsolidated_s.items()
+            },
+            cpu_time_s=None if prof.cpu_time_s is None else prof.cpu_time_s * scale,
+        )
+        truth[job.id] = 1.0 / scale
+        out.append(dataclasses.replace(job, profile=est, length_known=False))
+    return out, truth

@@ -2,7 +2,7 @@
 
     python -m scheduler.reproduce peers [--seeds N] [--traces light contended ...] [--quick]
         [--policies P ...] [--noise 0.5] [--pair-noise 0.3] [--round-s 360] [--restart-s 60]
-        [--out FILE.csv]
+        [--hide-lengths SHARE] [--out FILE.csv]
 
 Every policy runs on the same traces, cluster and settings, once per seed ``0..N-1``:
 
@@ -19,7 +19,9 @@ Every policy runs on the same traces, cluster and settings, once per seed ``0..N
   (the peers' ``round_s``; the engine's ``SimConfig.round_s`` too where the engine has it) and
   pair-throughput noise ``--pair-noise`` (``SimConfig.pair_noise`` where the engine has it;
   the peers never pack, so it only touches policies that read pair estimates). An engine
-  without those fields runs without them, and the header says so.
+  without those fields runs without them, and the header says so. ``--hide-lengths SHARE``
+  (0): that share of the jobs declares no length (``SimConfig.hide_lengths``: their profiles
+  keep only relative speeds at a nominal hour; they report no progress).
 - **Figures** per trace and policy: median and range over the seeds of the average JCT, the
   99th-percentile JCT, the makespan and the largest finish-time-fairness ratio
   (``scheduler.ftf``, on the true job lengths), jobs completed of the total (the worst seed),
@@ -141,6 +143,7 @@ def run_peers(
     pair_noise: float = 0.3,
     round_s: float = 360.0,
     restart_s: float = 60.0,
+    hide_lengths: float = 0.0,
     progress: Callable[[int], None] | None = None,
     notes: list[str] | None = None,
 ) -> pd.DataFrame:
@@ -163,7 +166,11 @@ def run_peers(
             truth = trace_jobs(trace, sc.jobs, seed)
             jobs = truth  # the engine draws the noisy estimates (and keeps the truth to itself)
             config = dataclasses.replace(
-                sc.config, seed=seed, preemption_cost_s=restart_s, estimate_noise=noise
+                sc.config,
+                seed=seed,
+                preemption_cost_s=restart_s,
+                estimate_noise=noise,
+                hide_lengths=hide_lengths,
             )
             config, missing = engine_options(config, round_s, pair_noise)
             if missing and notes is not None:
@@ -284,6 +291,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair-noise", type=float, default=0.3, help="pair estimate noise (0.3)")
     p.add_argument("--round-s", type=float, default=360.0, help="decision round, s (360)")
     p.add_argument("--restart-s", type=float, default=60.0, help="restart cost, s (60)")
+    p.add_argument("--hide-lengths", type=float, default=0.0,
+                   help="share of jobs that declare no length (0)")  # fmt: skip
     p.add_argument("--out", help="summary CSV (runs go beside it as <stem>_runs.csv)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
@@ -299,6 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         value = getattr(args, flag)
         if not (value >= 0 and math.isfinite(value)):
             parser.error(f"--{flag.replace('_', '-')} must be a number >= 0")
+    if not 0 <= args.hide_lengths <= 1:
+        parser.error("--hide-lengths must be a share in [0, 1]")
     traces = args.traces or (list(QUICK_TRACES) if args.quick else list(TRACES))
     policies = args.policies or list(OURS + PEERS)
     from scheduler.policies.registry import PolicyError, policy_class
@@ -326,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pair_noise=args.pair_noise,
             round_s=args.round_s,
             restart_s=args.restart_s,
+            hide_lengths=args.hide_lengths,
             progress=tick,
             notes=notes,
         )
@@ -337,6 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"peers: {len(policies)} policies x {len(traces)} traces x {seeds} seeds; estimate "
         f"noise {args.noise}, pair noise {args.pair_noise}, rounds {args.round_s:g} s, restart "
         f"cost {args.restart_s:g} s"
+        + (f"; {args.hide_lengths:.0%} of the jobs declare no length" if args.hide_lengths else "")
     )
     for line in notes:
         print(f"note: {line}")

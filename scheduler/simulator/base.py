@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from itertools import count
 
@@ -50,6 +50,32 @@ from scheduler.simulator.state import RUNNING, SimGpu, SimJob, SimNode
 ) = range(8)
 
 
+class _Attained(Mapping[str, float]):
+    """``ClusterState.attained_s`` of a simulation: seconds each job has held a placement,
+    every attempt, up to now (what a live cluster's attempt history says), read on lookup."""
+
+    __slots__ = ("sim",)
+
+    def __init__(self, sim: SimulatorBase) -> None:
+        self.sim = sim
+
+    def __getitem__(self, job_id: str) -> float:
+        sim = self.sim
+        job = sim.by_id[job_id]
+        if job.status == RUNNING:
+            return job.run_s + (sim.now - job.last_start)
+        return job.run_s
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self.sim.by_id
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.sim.by_id)
+
+    def __len__(self) -> int:
+        return len(self.sim.by_id)
+
+
 class SimulatorBase:
     """The state of one simulation and the primitives on it (see the module docstring); the
     constructor's arguments are ``Simulator``'s."""
@@ -84,6 +110,12 @@ class SimulatorBase:
             jobs, drawn = with_noisy_estimates(jobs, self.config.estimate_noise, self.config.seed)
             for k, v in drawn.items():
                 truth[k] = truth.get(k, 1.0) * v
+        if self.config.hide_lengths > 0:
+            from scheduler.estimates import with_hidden_lengths
+
+            jobs, drawn = with_hidden_lengths(jobs, self.config.hide_lengths, self.config.seed)
+            for k, v in drawn.items():
+                truth[k] = truth.get(k, 1.0) * v
         self.jobs = [SimJob(spec, i, truth.get(spec.id, 1.0)) for i, spec in enumerate(jobs)]
         if knowledge is None and self.config.learn:
             knowledge = Knowledge(
@@ -103,6 +135,8 @@ class SimulatorBase:
         # (due time, job seq, window generation, job): windows due for their next report
         self.obs_due: list[tuple[float, int, int, SimJob]] = []
         self.by_id = {j.spec.id: j for j in self.jobs}
+        # Seconds each job has run (``ClusterState.attained_s``), read on lookup.
+        self.attained = _Attained(self)
         self.nodes: list[SimNode] = []
         self.node_by_name: dict[str, SimNode] = {}
         for i, ns in enumerate(cluster.nodes):
@@ -348,14 +382,16 @@ class SimulatorBase:
                 placement = job.placement
                 if placement is None:  # a running job always has one
                     raise SimulationError(f"job {job.spec.id!r} runs without a placement")
-                rate = job.rate
+                known = job.spec.length_known
+                rate = job.rate if known else 0.0  # no length, no progress to refresh
                 done = job.progress_at(now)
                 rj[job.spec.id] = RunningJob(
                     job=job.spec,
                     placement=placement,
                     started_s=job.last_start,
-                    # What the job reports: steps done / declared steps (estimate).
-                    progress=min(1.0, done * job.work_factor),
+                    # What the job reports: steps done / declared steps (estimate); a job
+                    # that declared no length reports none.
+                    progress=min(1.0, done * job.work_factor) if known else 0.0,
                     paused=job.paused,
                     elastic=None if job.dp is None else self._elastic_state(job),
                 )

@@ -500,7 +500,7 @@ class Simulator(ElasticJobs):
         job.obs_t, job.obs_p, job.obs_ctx = now, self._declared(job), ctx
         job.obs_since = now
         job.obs_gen += 1
-        if ctx is not None and rate > 0.0:
+        if ctx is not None and rate > 0.0 and job.spec.length_known:
             heapq.heappush(self.obs_due, (now, job.seq, job.obs_gen, job))
 
     def _observe_window(self, job: SimJob, *, reopen: bool) -> None:
@@ -512,7 +512,13 @@ class Simulator(ElasticJobs):
             return
         ctx = job.obs_ctx
         now = self.now
-        if ctx is not None and now > job.obs_t and job.ready_at <= job.obs_t:
+        # (A job that declared no length reports no progress fraction a cluster could see.)
+        if (
+            ctx is not None
+            and now > job.obs_t
+            and job.ready_at <= job.obs_t
+            and job.spec.length_known
+        ):
             p = self._declared(job)
             window = now - job.obs_t
             if p >= 1.0 and job.rate > 0:
@@ -590,6 +596,7 @@ class Simulator(ElasticJobs):
             pending=self._pending_snapshot(),
             running=self._running_snapshot(),
             knowledge=self.knowledge,
+            attained_s=self.attained,
         )
         t0 = time.perf_counter()
         plan = self.policy.schedule(state, self.rng)

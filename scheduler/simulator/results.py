@@ -83,6 +83,10 @@ class SimConfig:
     - ``pair_noise``: sigma of the lognormal noise on the pair prior the knowledge starts from
       (the simulator's own interference model, per GPU model, job type and co-runner types;
       0: the exact table, an oracle). Measured co-run windows refine it once a pair has run.
+    - ``hide_lengths``: the share of jobs (drawn by ``seed``) that declare no length
+      (``scheduler.estimates.with_hidden_lengths``): their profiles keep only their relative
+      speed per GPU model, at a nominal length, ``JobSpec.length_known`` is False, and they
+      report no progress (the knowledge sees only their completions).
     - ``round_s``: policies are consulted only every so many seconds, from t = 0 (Gavel's
       rounds); arrivals, completions and failures wait for the next round. None: on events.
     - ``learn``: hand policies a ``scheduler.knowledge.Knowledge`` fed with what a live
@@ -109,6 +113,7 @@ class SimConfig:
     elastic_model: ElasticModel | None = None
     estimate_noise: float = 0.0
     pair_noise: float = 0.0
+    hide_lengths: float = 0.0
     round_s: float | None = None
     learn: bool = True
     observe_every_s: float = 300.0
@@ -127,6 +132,8 @@ class SimConfig:
         for name, v in (("estimate_noise", self.estimate_noise), ("pair_noise", self.pair_noise)):
             if not 0 <= v <= 10:
                 raise ValueError(f"{name} must be in [0, 10], got {v!r}")
+        if not 0 <= self.hide_lengths <= 1:
+            raise ValueError(f"hide_lengths must be in [0, 1], got {self.hide_lengths!r}")
         if self.round_s is not None and not 0 < self.round_s <= 1e7:
             raise ValueError(f"round_s must be in (0, 1e7] seconds, got {self.round_s!r}")
         if not 0 < self.observe_every_s <= 1e9:
