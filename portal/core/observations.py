@@ -356,10 +356,22 @@ def recent_observations(types: Iterable[str], per_type: int | None = None) -> li
     return [to_observation(r) for r in out]
 
 
-def build_knowledge(types: Iterable[str]) -> Knowledge:
-    """A ``Knowledge`` that has seen the recent observations of ``types``."""
+def build_knowledge(types: Iterable[str], *, completions: int = 0) -> Knowledge:
+    """A ``Knowledge`` that has seen the recent observations of ``types`` and, with
+    ``completions`` > 0, that many of the newest completions of every other type (the length
+    distribution a job of unknown length is ranked by: ``Knowledge.duration_samples``)."""
+    types = set(types)
+    observations = recent_observations(types)
+    if completions > 0:
+        rows = (
+            JobObservation.objects.filter(kind=ObservationKind.COMPLETED.value)
+            .exclude(job_type__in=types)
+            .order_by("-at", "-pk")[:completions]
+        )
+        observations += [to_observation(r) for r in rows]
+        observations.sort(key=lambda o: o.at_s)
     knowledge = Knowledge()
-    knowledge.observe_all(recent_observations(types))
+    knowledge.observe_all(observations)
     return knowledge
 
 

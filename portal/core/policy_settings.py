@@ -304,6 +304,30 @@ _KNOWN: dict[str, ParamSpec] = {
             0,
             10,
         ),
+        ParamSpec(
+            "unknown_lengths",
+            CHOICE,
+            "hetero_srtf: jobs that declare no length (no profile): gittins ranks them by the "
+            "lengths of completed jobs like them and their attained service (least attained "
+            "service without a history); fifo leaves them to first come first served",
+            choices=("gittins", "fifo"),
+        ),
+        ParamSpec(
+            "unknown_length_s",
+            FLOAT,
+            "hetero_srtf: seconds a job of unknown length is taken to need while the cluster "
+            "has no history for it",
+            1,
+            1e9,
+        ),
+        ParamSpec(
+            "las_quantum_s",
+            FLOAT,
+            "hetero_srtf: first step of a job's discretised attained service (then doubling); "
+            "0: continuous",
+            0,
+            1e9,
+        ),
         # slowdown_dr (paper 000, Algorithm 1; docs/slowdown.md)
         ParamSpec(
             "sd_threshold",

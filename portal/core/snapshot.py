@@ -46,6 +46,11 @@ _NOT_TERMINAL = [s.value for s in JobState if s not in TERMINAL]
 MAX_PENDING_PER_CYCLE = 10_000
 
 
+#: Completions of any type a snapshot's knowledge reads when a job of unknown length waits
+#: or runs (``build_knowledge``).
+UNKNOWN_LENGTH_HISTORY = 500
+
+
 def _seconds(at: datetime | None) -> float:
     return 0.0 if at is None else (at - EPOCH).total_seconds()
 
@@ -142,6 +147,43 @@ class _PresentJobSeconds(Mapping[str, float]):
 
     def __getitem__(self, job_id: str) -> float:
         return self._loaded()[job_id]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+
+class _AttainedSeconds(Mapping[str, float]):
+    """``ClusterState.attained_s``: seconds each pending or running job has run over every
+    attempt (started, else created, to released, else now; as ``record_completion`` counts a
+    completed job's run time), read from the database on first use: only a policy that ranks
+    jobs of unknown length asks."""
+
+    def __init__(self, job_ids: list[str], now: datetime):
+        self._args = (job_ids, now)
+        self._values: dict[str, float] | None = None
+
+    def _loaded(self) -> dict[str, float]:
+        if self._values is None:
+            job_ids, now = self._args
+            values = dict.fromkeys(job_ids, 0.0)
+            rows = Placement.objects.filter(job_id__in=[int(j) for j in job_ids]).values_list(
+                "job_id", "started_at", "created_at", "released_at"
+            )
+            for job_id, started, created, released in rows.iterator():
+                start = started or created
+                end = released or now
+                values[str(job_id)] += max(0.0, (end - start).total_seconds())
+            self._values = values
+        return self._values
+
+    def __getitem__(self, job_id: str) -> float:
+        return self._loaded()[job_id]
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._args[0] if self._values is None else job_id in self._values
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._loaded())
@@ -278,6 +320,11 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
 
     pending = tuple(to_spec(j) for j in pending_rows)
     present = _PresentJobSeconds(pending, running, now)
+    ids = [j.id for j in pending] + [r.job.id for r in running]
+    unknown = any(
+        j.gpus > 0 and (j.profile is None or not j.length_known)
+        for j in (*pending, *(r.job for r in running))
+    )
     state = ClusterState(
         now_s=_seconds(now),
         nodes=tuple(node_states),
@@ -286,9 +333,12 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
         accounts=accounts_snapshot(now),
         # What the cluster measured of these jobs' types (portal.core.observations).
         knowledge=build_knowledge(
-            {j.type_key() for j in pending} | {r.job.type_key() for r in running}
+            {j.type_key() for j in pending} | {r.job.type_key() for r in running},
+            # jobs of unknown length are ranked by every type's lengths where theirs has none
+            completions=UNKNOWN_LENGTH_HISTORY if unknown else 0,
         ),
         present_job_s=present,
+        attained_s=_AttainedSeconds(ids, now),
     )
     return Snapshot(
         state=state,

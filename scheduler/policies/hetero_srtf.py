@@ -54,6 +54,20 @@ from the simulator's truth:
    estimate, no packing: multi-GPU pairs have none until measured). A packed job (the one
    that joined) moves to a GPU of its own when one is free, if its preemption bound allows.
 
+7. **Jobs of unknown length** (no profile, or ``JobSpec.length_known`` False; with
+   ``unknown_lengths`` = ``gittins``): their remaining time is the Gittins index's ``1 / G``
+   at their attained service (``ClusterState.attained_s``: seconds run over every attempt),
+   over the lengths of completed jobs of the same type and owner, else type, else any
+   (``Knowledge.duration_samples``; ``scheduler.gittins``); beyond that history, least
+   attained service (as long again as it has run, at least ``unknown_length_s``). Attained
+   service is discretised (0, ``las_quantum_s``, then doubling), so the order changes at a
+   few points of a job's life. Per model the time is scaled by the profile's relative speeds
+   (without a profile: the same on every model that holds the job). They then rank, are
+   preempted and defend their GPUs like every other job (keys, margin, restart cost, churn
+   budget); the restart bound and the fairness cap take their attained service plus that
+   estimate as their length. The fast path's moves leave them out. Their decisions say what
+   the estimate rests on.
+
 Parameters (``portal/core/policy_settings.py`` documents them for the admin):
 
 
@@ -84,12 +98,19 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
   with the jobs that may change, not with the cluster. Below it every running job is
   re-planned (moves between models included).
 
-Jobs it cannot estimate (CPU jobs, jobs without a profiled time on a GPU model of the
-cluster that holds their memory, jobs larger than every model) are handed, on what is left
-of the cluster after its own plan, to ``fifo`` of the framework with the framework's
-parameters (``backfill``, ``max_jobs_per_gpu``, ``share_mode``, ...: their meaning there),
-which places them or says why they wait. ``max_jobs_per_gpu`` below 2 or a ``share_mode``
-other than ``auto``/``mps`` also turns packing off.
+- ``unknown_lengths`` (``gittins``): how jobs of unknown length are ranked (step 7);
+  ``fifo`` hands them to the framework's fifo below, as before, never preempted.
+- ``unknown_length_s`` (3,600): what a job of unknown length is taken to need while the
+  cluster has no history for it (and at least what it has run).
+- ``las_quantum_s`` (360): the first step of the discretised attained service (0: continuous).
+
+Jobs it cannot estimate (CPU jobs, container jobs, whose nodes the framework knows, jobs
+without a profiled time on a GPU model of the cluster that holds their memory, jobs larger
+than every model, and with ``unknown_lengths`` = ``fifo`` jobs of unknown length) are
+handed, on what is left of the cluster after its own plan, to ``fifo`` of the framework
+with the framework's parameters (``backfill``, ``max_jobs_per_gpu``, ``share_mode``, ...:
+their meaning there), which places them or says why they wait. ``max_jobs_per_gpu`` below
+2 or a ``share_mode`` other than ``auto``/``mps`` also turns packing off.
 
 Preemption is a ``REQUEUE`` action (the job keeps its progress: checkpointed) followed, for a
 migration, by a new placement in the same plan. Each job's preemptions are counted here (this
@@ -124,6 +145,7 @@ from scheduler.domain import (
     RunningJob,
     SharingMode,
 )
+from scheduler.gittins import discretise, effective_remaining_s
 from scheduler.policies.base import Policy, PolicyError
 from scheduler.policies.filtering import table_knowledge
 from scheduler.policies.framework import framework_defaults
@@ -207,6 +229,9 @@ class HeteroSrtfPolicy(Policy):
         "churn_budget": 0.02,
         "churn_min": 8,
         "max_restart_share": 0.1,
+        "unknown_lengths": "gittins",
+        "unknown_length_s": 3600.0,
+        "las_quantum_s": 360.0,
     }
 
     def __init__(self, **params: Any) -> None:
@@ -224,6 +249,8 @@ class HeteroSrtfPolicy(Policy):
             self.churn_budget = float(p["churn_budget"])
             self.churn_min = int(p["churn_min"])
             self.restart_share = float(p["max_restart_share"])
+            self.unknown_length_s = float(p["unknown_length_s"])
+            self.las_quantum_s = float(p["las_quantum_s"])
         except (TypeError, ValueError) as exc:
             raise PolicyError(f"policy 'hetero_srtf': bad parameter ({exc})") from None
         checks = (
@@ -238,10 +265,14 @@ class HeteroSrtfPolicy(Policy):
             ("churn_budget", 0 <= self.churn_budget <= 1),
             ("churn_min", 1 <= self.churn_min <= 10_000_000),
             ("max_restart_share", 0 <= self.restart_share <= 10),
+            ("unknown_length_s", 0 < self.unknown_length_s <= 1e9),
+            ("las_quantum_s", 0 <= self.las_quantum_s <= 1e9),
+            ("unknown_lengths", p["unknown_lengths"] in ("gittins", "fifo")),
         )
         for name, ok in checks:
             if not ok:
                 raise PolicyError(f"policy 'hetero_srtf': {name}={p[name]!r} is out of range")
+        self.unknown_lengths = str(p["unknown_lengths"])
         self.pack = (
             self.pack_threshold > 0
             and int(p["max_jobs_per_gpu"]) >= 2
@@ -358,9 +389,36 @@ class HeteroSrtfPolicy(Policy):
         isolated: dict[tuple[tuple[int, int, float, str | None, bool], int], float] = {}
         aging = self.aging
 
+        def fairness(job: JobSpec, age: float, best: float, ck: Any, times: Any, k: int) -> float:
+            """The job's predicted finish-time-fairness ratio: age + ``best`` remaining over
+            its time on an isolated ``1/n`` share (``isolated_time_s`` of its solo ``times``
+            per model), ``n`` the count of jobs present averaged over the job's life, as the
+            metric does: measured from its arrival to now (before it was first seen, the
+            count then), the present count for the time it is predicted to have left.
+            ``ck``: a key for jobs that share ``times`` (None: not cached)."""
+            history = state.present_job_s
+            if history is not None and job.id in history:
+                past = history[job.id]  # the live loop's count from the job history
+            else:
+                seen = seen_jobs.get(job.id)
+                if seen is None:
+                    seen = seen_jobs[job.id] = (area_now, now, n_jobs)
+                past = area_now - seen[0] + seen[2] * max(0.0, seen[1] - job.arrival_s)
+            life = max(0.0, age) + best
+            mean_n = (past + n_jobs * best) / life if life > 0 else float(n_jobs)
+            ik = (ck, max(1, round(mean_n)))
+            iso = isolated.get(ik) if ck is not None else None
+            if iso is None:  # jobs of one profile and count share it within a cycle
+                iso = isolated_time_s(dict(times), counts, k, ik[1])
+                if ck is not None:
+                    isolated[ik] = iso
+            return (age + best) / iso if iso > 0 else 0.0
+
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
-            if job.profile is None:
-                return None
+            if job.container:
+                return None  # the framework knows which nodes run containers
+            if job.profile is None or not job.length_known:
+                return make_unknown(job, rj) if unknown_on else None
             progress = rj.progress if rj is not None else 0.0
             k = g if (g := job.gpus) > 1 else 1  # max(1, job.gpus)
             need = job.memory_need_mb()
@@ -394,27 +452,79 @@ class HeteroSrtfPolicy(Policy):
                 else best / (1.0 + aging * (age if age > 0.0 else 0.0) / solo_best)
             )
             if ftf > 0:
-                # The count of jobs present averaged over the job's life, as the metric does:
-                # measured from its arrival to now (before it was first seen, the count then),
-                # the present count for the time it is predicted to have left.
-                history = state.present_job_s
-                if history is not None and job.id in history:
-                    past = history[job.id]  # the live loop's count from the job history
-                else:
-                    seen = seen_jobs.get(job.id)
-                    if seen is None:
-                        seen = seen_jobs[job.id] = (area_now, now, n_jobs)
-                    past = area_now - seen[0] + seen[2] * max(0.0, seen[1] - job.arrival_s)
-                life = max(0.0, age) + best
-                mean_n = (past + n_jobs * best) / life if life > 0 else float(n_jobs)
-                ik = (ck, max(1, round(mean_n)))
-                iso = isolated.get(ik)
-                if iso is None:  # jobs of one profile and count share it within a cycle
-                    iso = isolated[ik] = isolated_time_s(dict(times), counts, k, ik[1])
-                rho = (age + best) / iso if iso > 0 else 0.0
+                rho = fairness(job, age, best, ck, times, k)
                 if rho >= ftf:
                     key = -rho
             return Cand(job, rem, best, key)
+
+        unknown_on = self.unknown_lengths == "gittins"
+        attained = state.attained_s
+        knowledge = state.knowledge
+        gittins: dict[tuple[str, str | None, float, float | None], tuple[float, str]] = {}
+        floor_s, quantum_s = self.unknown_length_s, self.las_quantum_s
+
+        def make_unknown(job: JobSpec, rj: RunningJob | None) -> Cand | None:
+            """A job whose length is unknown (``scheduler.gittins``): its remaining time is
+            the Gittins index's ``1 / G`` over the lengths of completed jobs like it, at its
+            discretised attained service (LAS without such a history); per model, scaled by
+            its profile's relative speeds (none: the same on every model that holds it)."""
+            k = g if (g := job.gpus) > 1 else 1
+            if attained is not None and job.id in attained:
+                done = attained[job.id]
+            else:
+                done = now - rj.started_s if rj is not None else 0.0
+            a = discretise(done, quantum_s)
+            limit = job.time_limit_s
+            gk = (job.type_key(), job.owner, a, limit)
+            hit = gittins.get(gk)
+            if hit is None:
+                if knowledge is not None:
+                    lengths, what = knowledge.duration_samples(gk[0], job.owner)
+                else:
+                    lengths, what = (), ""
+                eff, n = effective_remaining_s(lengths, a, floor_s=floor_s)
+                if limit is not None and limit > 0:
+                    eff = min(eff, max(limit - a, quantum_s))  # the user's bound
+                note = (
+                    f"length unknown: Gittins index over the {n} of {what} that ran longer "
+                    f"than its {fmt_h(a)} of service"
+                    if n
+                    else f"length unknown: least attained service ({fmt_h(a)} run so far)"
+                )
+                hit = gittins[gk] = (eff, note)
+            eff, note = hit
+            need = job.memory_need_mb()
+            here = node_model.get(rj.placement.node) if rj is not None else None
+            prof = job.profile
+            if prof is not None:
+                times = {
+                    m: t
+                    for m in models
+                    if (t := prof.gpu_time_s.get(m)) is not None
+                    and t > 0
+                    and (m == here or (counts[m] >= k and specs[m].memory_mb >= need))
+                }
+                fastest = min(times.values(), default=0.0)
+                rem = {m: eff * t / fastest for m, t in times.items()}
+            else:
+                rem = {
+                    m: eff
+                    for m in models
+                    if m == here or (counts[m] >= k and specs[m].memory_mb >= need)
+                }
+            if not rem:
+                return None
+            best = min(rem.values())
+            age = now - job.arrival_s
+            key = best / (1.0 + aging * (age if age > 0.0 else 0.0) / (best + a))
+            if ftf > 0:  # its whole length taken as what it ran plus the estimate
+                rho = fairness(job, age, best, None, {m: r + done for m, r in rem.items()}, k)
+                if rho >= ftf:
+                    key = -rho
+            c = Cand(job, rem, best, key)
+            c.note = note
+            c.attained = done
+            return c
 
         pending: list[Cand] = []
         waiting: dict[str, str] = {}
@@ -490,7 +600,13 @@ class HeteroSrtfPolicy(Policy):
             )
             here = node_model.get(rpl.node)
             pinned: bool | None = None  # looked up when needed
-            if bounded and not shared and here is not None and job.profile is not None:
+            if (
+                bounded
+                and not shared
+                and here is not None
+                and job.profile is not None
+                and job.length_known
+            ):
                 # A job no waiting job could preempt keeps its GPUs without a full estimate.
                 solo = self._fastest_solo(job, model_set, solos)
                 if solo is not None:
@@ -512,11 +628,18 @@ class HeteroSrtfPolicy(Policy):
                                 filed = fixed_hosts[gkey] = []
                             filed.append((rpl, rj))
                         continue
-            if pinned is None:
-                pinned = self._pinned(job, model_set, solos)
             c = make(job, rj)
             if c is None:
+                # Left where it runs (a job the framework placed): its GPUs are taken.
+                if here is not None and not shared:
+                    capacity[here] -= g if (g := job.gpus) > 1 else 1
                 continue
+            if pinned is None:
+                if c.attained is not None:  # unknown length: it is at least as long as it ran
+                    n_pre = self.preempted(job)
+                    pinned = n_pre > 0 and self._pinned_after(n_pre, c.attained + c.best)
+                else:
+                    pinned = self._pinned(job, model_set, solos)
             c.running = rj
             c.model = here
             c.move_cost = self.cost_s
@@ -619,10 +742,16 @@ class HeteroSrtfPolicy(Policy):
             m = assignment[c.job.id]
             pl = self._place(c, m, free[m], cores)
             if pl is None:
-                waiting[c.job.id] = (
-                    f"{c.gpus} GPU(s) of {m} chosen for it (key {fmt_h(c.key)}) are not free "
-                    "together on few enough nodes yet"
-                )
+                if free[m].best_fit(c.gpus, lambda node: True) is not None:
+                    waiting[c.job.id] = (
+                        f"{c.gpus} GPU(s) of {m} chosen for it (key {fmt_h(c.key)}) are free, "
+                        f"but not {max(1, c.job.cpus)} cores beside them"
+                    )
+                else:
+                    waiting[c.job.id] = (
+                        f"{c.gpus} GPU(s) of {m} chosen for it (key {fmt_h(c.key)}) are not "
+                        "free together on few enough nodes yet"
+                    )
                 continue
             decisions.append(self._decision(c, pl, m, "shortest predicted remaining time first"))
             c.placed_model = m
@@ -799,7 +928,13 @@ class HeteroSrtfPolicy(Policy):
                 faster_cache[rj.job.id] = (pl.node, faster)
             if not faster or room.isdisjoint(faster):
                 continue
-            if rj.paused or pl.is_gang or not pl.gpu_indices or rj.job.profile is None:
+            if (
+                rj.paused
+                or pl.is_gang
+                or not pl.gpu_indices
+                or rj.job.profile is None
+                or not rj.job.length_known
+            ):
                 continue
             if pl.mode not in (SharingMode.MPS, SharingMode.EXCLUSIVE):
                 continue
@@ -1006,6 +1141,8 @@ class HeteroSrtfPolicy(Policy):
             f"{why}: key {fmt_h(c.key)}, about {fmt_h(there)} left on {model}{spread}"
             f"{vs}; placed on {where}"
         )
+        if c.note:
+            text += f"; {c.note}"
         own = c.job.whole_gpu_reason()
         if own is not None and self.pack:
             text += f"; whole GPUs of its own: {own}"

@@ -34,6 +34,10 @@ class Cand:
     freed: Placement | None = None  # its old placement, once requeued this cycle
     stay_bonus: float = 0.0  # seconds a move must save beyond move_cost (margin x remaining)
     gpus: int = 0  # GPUs it asks (set from the job)
+    # A job of unknown length: its attained service (s) and how its remaining time was
+    # estimated (said in its decision); None and "" for a job of known length.
+    attained: float | None = None
+    note: str = ""
 
     def __post_init__(self) -> None:
         self.gpus = g if (g := self.job.gpus) > 1 else 1  # max(1, gpus)

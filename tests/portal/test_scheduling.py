@@ -374,3 +374,45 @@ def test_the_fairness_cap_reads_the_job_history_live(alice):
     use_policy("hetero_srtf", aging=0.0, pack_threshold=0, ftf_cap=2.0)
     result = run_cycle(seed=0)
     assert result.placed == [b.pk]
+
+
+def test_a_job_of_unknown_length_is_ranked_by_its_attained_service_live(alice):
+    """Jobs without a profile declare no length: the live loop hands ``hetero_srtf`` the
+    seconds each has run over its attempts (``attained_s``, from the placements), and a job
+    that has held the only GPU for five hours yields to one that just arrived (least attained
+    service); under ``unknown_lengths: fifo`` it keeps the GPU (issue 24)."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    node = make_node("g1", gpus=1)
+    now = timezone.now()
+    old = submit(alice, "old")
+    job_transition(old, JobState.SCHEDULED, actor="t")
+    # an earlier attempt of one hour, then the current one since four hours ago
+    first = Placement.objects.create(job=old, node=node, gpu_memory_mb=4000, policy="t")
+    Placement.objects.filter(pk=first.pk).update(
+        active=False,
+        started_at=now - timedelta(hours=6),
+        released_at=now - timedelta(hours=5),
+        outcome="requeued",
+    )
+    current = Placement.objects.create(job=old, node=node, gpu_memory_mb=4000, policy="t")
+    current.gpus.set([node.gpus.get(index=0)])
+    Placement.objects.filter(pk=current.pk).update(started_at=now - timedelta(hours=4))
+    job_transition(old, JobState.RUNNING, actor="t")
+    new = submit(alice, "new")
+
+    snap = build_snapshot(now)
+    attained = snap.state.attained_s
+    assert attained is not None
+    assert attained[str(old.pk)] == pytest.approx(5 * 3600.0, abs=1.0)
+    assert attained[str(new.pk)] == 0.0
+
+    use_policy("hetero_srtf", pack_threshold=0, unknown_lengths="fifo")
+    assert run_cycle(seed=0).actions == []
+    use_policy("hetero_srtf", pack_threshold=0)
+    result = run_cycle(seed=0)
+    assert result.actions == [("requeue", old.pk)]
+    old.refresh_from_db()
+    assert old.state == JobState.PENDING
