@@ -488,7 +488,7 @@ class KnowledgeView(Protocol):
 
     def duration_samples(
         self, job_type: str, owner: str | None = None, *, at_least: int = 5
-    ) -> tuple[tuple[float, ...], str]: ...
+    ) -> tuple[tuple[float, ...], str, bool]: ...
 
     def co_run_speed(
         self,

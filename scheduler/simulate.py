@@ -118,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         "0: the simulator's exact table, an oracle); measured co-runs refine it",
     )
     p.add_argument(
+        "--hide-lengths",
+        type=float,
+        metavar="SHARE",
+        help="that share of the jobs (drawn by --seed) declares no length: policies see only "
+        "their relative speed per GPU model and no progress (scheduler/estimates.py)",
+    )
+    p.add_argument(
         "--round-s",
         type=float,
         metavar="SECONDS",
@@ -196,6 +203,7 @@ def _run(args: argparse.Namespace) -> int:
         ("estimate_noise", "--estimate-noise"),
         ("pair_noise", "--pair-noise"),
         ("round_s", "--round-s"),
+        ("hide_lengths", "--hide-lengths"),
     ):
         value = getattr(args, field_name)
         if value is not None:

@@ -113,7 +113,7 @@ class Knowledge:
         self._durations: dict[tuple[str, str | None], list[float]] = defaultdict(list)
         self._all_durations: list[float] = []  # every completed run time, in order
         # duration_samples answers, cleared by every completion
-        self._samples: dict[tuple[str, str | None], tuple[tuple[float, ...], str]] = {}
+        self._samples: dict[tuple[str, str | None], tuple[tuple[float, ...], str, bool]] = {}
         self.observations = 0
         # co_run_speed answers, cleared by every observation (policies ask the same pairs of
         # types many times a cycle)
@@ -237,12 +237,13 @@ class Knowledge:
 
     def duration_samples(
         self, job_type: str, owner: str | None = None, *, at_least: int = 5
-    ) -> tuple[tuple[float, ...], str]:
-        """(completed jobs' run times, ascending; what they are) for a job of ``job_type``
-        by ``owner`` whose length is unknown: that owner's jobs of the type when at least
-        ``at_least`` completed, else the type's, else every completed job's (the empirical
-        length distribution ``scheduler.gittins`` reads). The latest ``DURATION_SAMPLES``
-        of the pool; empty when nothing completed yet."""
+    ) -> tuple[tuple[float, ...], str, bool]:
+        """(completed jobs' run times, ascending; what they are; whether they are the type's)
+        for a job of ``job_type`` by ``owner`` whose length is unknown: that owner's jobs of
+        the type when at least ``at_least`` completed, else the type's, else every completed
+        job's (the empirical length distribution ``scheduler.gittins`` reads; the flag is
+        False for the last). The latest ``DURATION_SAMPLES`` of the pool; empty when nothing
+        completed yet."""
         key = (job_type, owner)
         hit = self._samples.get(key)
         if hit is not None:
@@ -253,14 +254,14 @@ class Knowledge:
                 (self._durations.get((job_type, owner), []), f"of type {job_type} by {owner}")
             )
         pools.append((self._durations.get((job_type, None), []), f"of type {job_type}"))
-        pools.append((self._all_durations, "of any type"))
-        chosen, what = [], ""
+        chosen: list[float] = self._all_durations
+        what, typed = "of any type", False
         for times, label in pools:
-            if len(times) >= at_least or times is self._all_durations:
-                chosen, what = times, label
+            if len(times) >= at_least:
+                chosen, what, typed = times, label, True
                 break
         recent = sorted(chosen[-DURATION_SAMPLES:])
-        out = (tuple(recent), f"{len(recent)} completed jobs {what}" if recent else "")
+        out = (tuple(recent), f"{len(recent)} completed jobs {what}" if recent else "", typed)
         self._samples[key] = out
         return out
 

@@ -56,17 +56,22 @@ from the simulator's truth:
 
 7. **Jobs of unknown length** (no profile, or ``JobSpec.length_known`` False; with
    ``unknown_lengths`` = ``gittins``): their remaining time is the Gittins index's ``1 / G``
-   at their attained service (``ClusterState.attained_s``: seconds run over every attempt),
-   over the lengths of completed jobs of the same type and owner, else type, else any
-   (``Knowledge.duration_samples``; ``scheduler.gittins``); beyond that history, least
-   attained service (as long again as it has run, at least ``unknown_length_s``). Attained
-   service is discretised (0, ``las_quantum_s``, then doubling), so the order changes at a
-   few points of a job's life. Per model the time is scaled by the profile's relative speeds
-   (without a profile: the same on every model that holds the job). They then rank, are
-   preempted and defend their GPUs like every other job (keys, margin, restart cost, churn
-   budget); the restart bound and the fairness cap take their attained service plus that
-   estimate as their length. The fast path's moves leave them out. Their decisions say what
-   the estimate rests on.
+   at their attained service (``ClusterState.attained_s``: seconds run over every attempt;
+   without it, the current attempt's), over the lengths of completed jobs of the same type
+   and owner, else type, else any (``Knowledge.duration_samples``; ``scheduler.gittins``),
+   and of the jobs of unknown length in the snapshot that have run without finishing, each
+   counted as twice its service (else the history holds only the jobs short enough to have
+   finished, and every job that outlived it looks longer than a fresh one). The lengths are
+   taken as times on the job's fastest model. Beyond that history, least attained service
+   (as long again as it has run, at least ``unknown_length_s``). Attained service is
+   discretised (0, ``las_quantum_s``, then doubling), so the order changes at a few points
+   of a job's life. Per model the time is scaled by the profile's relative speeds (without a
+   profile: the same on every model that holds the job). They then rank, are preempted and
+   defend their GPUs like every other job (keys, margin, restart cost, churn budget); they
+   age by the time they have waited (not run), in multiples of what a fresh job like them is
+   expected to take; the restart bound and the fairness cap take their attained service
+   plus the estimate as their length, and the fast path moves them to idle, faster GPUs by
+   their relative speeds. Their decisions say what the estimate rests on.
 
 Parameters (``portal/core/policy_settings.py`` documents them for the admin):
 
@@ -460,8 +465,32 @@ class HeteroSrtfPolicy(Policy):
         unknown_on = self.unknown_lengths == "gittins"
         attained = state.attained_s
         knowledge = state.knowledge
-        gittins: dict[tuple[str, str | None, float, float | None], tuple[float, str]] = {}
+        gittins: dict[tuple[str, str | None, float, float | None], tuple[float, float, str]] = {}
         floor_s, quantum_s = self.unknown_length_s, self.las_quantum_s
+
+        def served(job: JobSpec, rj: RunningJob | None) -> float:
+            """Seconds ``job`` has run (the snapshot's history, else its current attempt)."""
+            if attained is not None and job.id in attained:
+                return attained[job.id]
+            return now - rj.started_s if rj is not None else 0.0
+
+        # Jobs of unknown length that have run but not finished are lengths not yet seen:
+        # each counts, beside the completed ones, as twice the service it has had (the
+        # least-attained-service assumption), by type and in all. Without them the history
+        # holds only the jobs that were short enough to finish, and early on every job that
+        # outlived it looks longer than a fresh one.
+        unfinished: dict[str, list[float]] = {}
+        unfinished_all: list[float] = []
+        if unknown_on:
+            for job, rj in (
+                *((j, None) for j in state.pending),
+                *((r.job, r) for r in state.running),
+            ):
+                if job.gpus > 0 and (job.profile is None or not job.length_known):
+                    done = served(job, rj)
+                    if done > 0:
+                        unfinished.setdefault(job.type_key(), []).append(2.0 * done)
+                        unfinished_all.append(2.0 * done)
 
         def make_unknown(job: JobSpec, rj: RunningJob | None) -> Cand | None:
             """A job whose length is unknown (``scheduler.gittins``): its remaining time is
@@ -469,30 +498,34 @@ class HeteroSrtfPolicy(Policy):
             discretised attained service (LAS without such a history); per model, scaled by
             its profile's relative speeds (none: the same on every model that holds it)."""
             k = g if (g := job.gpus) > 1 else 1
-            if attained is not None and job.id in attained:
-                done = attained[job.id]
-            else:
-                done = now - rj.started_s if rj is not None else 0.0
+            done = served(job, rj)
             a = discretise(done, quantum_s)
             limit = job.time_limit_s
             gk = (job.type_key(), job.owner, a, limit)
             hit = gittins.get(gk)
             if hit is None:
                 if knowledge is not None:
-                    lengths, what = knowledge.duration_samples(gk[0], job.owner)
+                    lengths, what, typed = knowledge.duration_samples(gk[0], job.owner)
                 else:
-                    lengths, what = (), ""
+                    lengths, what, typed = (), "", False
+                more = unfinished.get(gk[0], []) if typed else unfinished_all
+                if more:
+                    lengths = tuple(sorted((*lengths, *more)))
+                    still = f"{len(more)} unfinished at twice their service"
+                    what = f"{what}, {still}" if what else still
                 eff, n = effective_remaining_s(lengths, a, floor_s=floor_s)
+                fresh = effective_remaining_s(lengths, 0.0, floor_s=floor_s)[0] if a else eff
                 if limit is not None and limit > 0:
                     eff = min(eff, max(limit - a, quantum_s))  # the user's bound
+                    fresh = min(fresh, limit)
                 note = (
-                    f"length unknown: Gittins index over the {n} of {what} that ran longer "
-                    f"than its {fmt_h(a)} of service"
+                    f"length unknown: Gittins index at its {fmt_h(a)} of service over the "
+                    f"lengths of {what} ({n} longer)"
                     if n
                     else f"length unknown: least attained service ({fmt_h(a)} run so far)"
                 )
-                hit = gittins[gk] = (eff, note)
-            eff, note = hit
+                hit = gittins[gk] = (eff, fresh, note)
+            eff, fresh, note = hit
             need = job.memory_need_mb()
             here = node_model.get(rj.placement.node) if rj is not None else None
             prof = job.profile
@@ -516,7 +549,13 @@ class HeteroSrtfPolicy(Policy):
                 return None
             best = min(rem.values())
             age = now - job.arrival_s
-            key = best / (1.0 + aging * (age if age > 0.0 else 0.0) / (best + a))
+            # Aging by the time it has waited (not run: service is what the ranking counts),
+            # in multiples of what a fresh job like it is expected to take, the same for a
+            # waiting and a running one (with its own estimate, a job that has run long would
+            # age slower than one that waits, and the two would keep swapping).
+            solo = fresh * best / eff if eff > 0 else best
+            wait = age - done
+            key = best / (1.0 + aging * (wait if wait > 0.0 else 0.0) / solo) if solo > 0 else best
             if ftf > 0:  # its whole length taken as what it ran plus the estimate
                 rho = fairness(job, age, best, None, {m: r + done for m, r in rem.items()}, k)
                 if rho >= ftf:
@@ -543,7 +582,26 @@ class HeteroSrtfPolicy(Policy):
         # Fast path: every pending job gets a model among the idle GPUs and nothing is packed,
         # so nobody needs to be preempted; only moves to idle, faster GPUs are weighed.
         if not others and not any_shared:
-            fast = self._fast_plan(state, pending, free, free_cores, node_model, models)
+
+            def unknown_left(rj: RunningJob) -> float:
+                """Estimated seconds left of a running job of unknown length, per second
+                of its profile's time on a model (its Gittins estimate over that time)."""
+                c = make_unknown(rj.job, rj)
+                here = node_model.get(rj.placement.node, "")
+                t = rj.job.profile.gpu_time_s.get(here) if rj.job.profile is not None else None
+                if c is None or not t or here not in c.rem:
+                    return 0.0
+                return c.rem[here] / t
+
+            fast = self._fast_plan(
+                state,
+                pending,
+                free,
+                free_cores,
+                node_model,
+                models,
+                unknown_left if unknown_on else None,
+            )
             if fast is not None:
                 return fast
         self._last_idle = {}  # the next fast cycle weighs moves again
@@ -872,8 +930,11 @@ class HeteroSrtfPolicy(Policy):
         free_cores: Mapping[str, int],
         node_model: Mapping[str, str],
         models: Sequence[str],
+        unknown_left: Callable[[RunningJob], float] | None = None,
     ) -> Plan | None:
-        """The plan when the idle GPUs hold every pending job (None: they do not)."""
+        """The plan when the idle GPUs hold every pending job (None: they do not).
+        ``unknown_left``: for a running job of unknown length, its estimated remaining time
+        as a fraction of its profile's (nominal) times; None: such jobs do not move."""
         idle = {m: free[m].total() for m in models}
         if sum(c.gpus for c in pending) > sum(idle.values()):
             return None
@@ -898,7 +959,9 @@ class HeteroSrtfPolicy(Policy):
         # (its saving only shrinks as it progresses): moves are weighed when idle GPUs appeared.
         idle_now = {m: f.total() for m, f in free.items()}
         if any(n > self._last_idle.get(m, 0) for m, n in idle_now.items()):
-            self._fast_moves(state, free, cores, node_model, decisions, actions, gpu_jobs)
+            self._fast_moves(
+                state, free, cores, node_model, decisions, actions, gpu_jobs, unknown_left
+            )
         self._last_idle = {m: f.total() for m, f in free.items()}
         return Plan(decisions=tuple(decisions), actions=tuple(actions), waiting={})
 
@@ -911,11 +974,13 @@ class HeteroSrtfPolicy(Policy):
         decisions: list[Decision],
         actions: list[Action],
         gpu_jobs: dict[tuple[str, int], tuple[str, ...]],
+        unknown_left: Callable[[RunningJob], float] | None = None,
     ) -> None:
         """Running jobs move to idle GPUs of a faster model when that saves more than the move
-        cost plus ``preempt_margin`` of their remaining time (largest saving first)."""
+        cost plus ``preempt_margin`` of their remaining time (largest saving first). A job of
+        unknown length moves by its profile's relative speeds and ``unknown_left``."""
         room = {m for m, f in free.items() if f.total() > 0}
-        movers: list[tuple[float, str, RunningJob, str]] = []
+        movers: list[tuple[float, str, RunningJob, str, float]] = []
         faster_cache = self._faster
         for rj in state.running:
             pl = rj.placement
@@ -933,7 +998,7 @@ class HeteroSrtfPolicy(Policy):
                 or pl.is_gang
                 or not pl.gpu_indices
                 or rj.job.profile is None
-                or not rj.job.length_known
+                or (not rj.job.length_known and unknown_left is None)
             ):
                 continue
             if pl.mode not in (SharingMode.MPS, SharingMode.EXCLUSIVE):
@@ -947,7 +1012,11 @@ class HeteroSrtfPolicy(Policy):
                 continue
             k = max(1, rj.job.gpus)
             need = rj.job.memory_need_mb()
-            left = remaining_fraction(rj.progress)
+            left = (
+                remaining_fraction(rj.progress)
+                if rj.job.length_known or unknown_left is None
+                else unknown_left(rj)
+            )
             best_gain, best_m = 0.0, ""
             for m in faster:
                 if m not in room:
@@ -961,10 +1030,10 @@ class HeteroSrtfPolicy(Policy):
                 if gain > best_gain:
                     best_gain, best_m = gain, m
             if best_m:
-                movers.append((best_gain, rj.job.id, rj, best_m))
+                movers.append((best_gain, rj.job.id, rj, best_m, left))
         movers.sort(key=lambda x: (-x[0], x[1]))
         del movers[self._churn_allowance(len(state.running)) :]  # churn budget
-        for _, _, rj, m in movers:
+        for _, _, rj, m, left in movers:
             need_cores = max(1, rj.job.cpus)
             back = {p.node: p.cpus for p in rj.placement.parts}
 
@@ -973,9 +1042,10 @@ class HeteroSrtfPolicy(Policy):
 
             if free[m].best_fit(max(1, rj.job.gpus), ok) is None:
                 continue
+            times = rj.job.profile.gpu_time_s if rj.job.profile is not None else {}
             c = Cand(
                 rj.job,
-                remaining_times(rj.job, rj.progress, [m, node_model[rj.placement.node]]),
+                {mm: left * t for mm in (m, node_model[rj.placement.node]) if (t := times.get(mm))},
                 0.0,
                 0.0,
             )

@@ -87,18 +87,19 @@ def _done(job_id: str, job_type: str, seconds: float, owner: str | None = None) 
 
 def test_length_history_comes_from_owner_then_type_then_every_job() -> None:
     k = Knowledge()
-    assert k.duration_samples("a", "u1") == ((), "")
+    assert k.duration_samples("a", "u1") == ((), "", False)
     for i in range(5):
         k.observe(_done(f"a{i}", "a", 100.0 + i, owner="u1"))
     for i in range(3):
         k.observe(_done(f"b{i}", "b", 5000.0 - i, owner="u2"))
-    lengths, what = k.duration_samples("a", "u1")
-    assert lengths == (100.0, 101.0, 102.0, 103.0, 104.0) and "by u1" in what
+    lengths, what, typed = k.duration_samples("a", "u1")
+    assert lengths == (100.0, 101.0, 102.0, 103.0, 104.0) and "by u1" in what and typed
     # type a without an owner: the type's five; u2's three of type b are too few, and so
     # are the type's: every completed job
     assert k.duration_samples("a")[0] == lengths and "by" not in k.duration_samples("a")[1]
     assert len(k.duration_samples("b", "u2")[0]) == 8
     assert "of any type" in k.duration_samples("b", "u2")[1]
+    assert not k.duration_samples("b", "u2")[2]
     assert len(k.duration_samples("c")[0]) == 8  # an unseen type: every completed job
     # a new completion is seen at once (the answers are cached until then)
     for i in range(5):

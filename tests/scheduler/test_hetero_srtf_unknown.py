@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import pytest
+
 from scheduler.catalog import gpu_spec
 from scheduler.domain import (
     ActionKind,
@@ -103,9 +105,11 @@ def test_the_lengths_of_completed_jobs_of_its_type_order_them() -> None:
     plan = HeteroSrtfPolicy(pack_threshold=0).schedule(state, random.Random(0))
     check_plan(state, plan)
     assert [d.placement.job_id for d in plan.decisions] == ["s"]
-    assert "Gittins index over the 6 of 6 completed jobs of type sweep" in (
-        plan.decisions[0].explanation
+    said = (
+        "Gittins index at its 0 min of service over the lengths of 6 completed jobs of type "
+        "sweep (6 longer)"
     )
+    assert said in plan.decisions[0].explanation
     # Without that history both are unknown alike, and the older one goes first.
     blind = HeteroSrtfPolicy(pack_threshold=0).schedule(
         replace(state, knowledge=Knowledge()), random.Random(0)
@@ -150,3 +154,65 @@ def test_relative_speeds_of_a_job_that_declared_no_length_pick_its_gpu() -> None
         "h": "v",
         "k": "k80",
     }
+
+
+def test_jobs_still_running_count_in_the_length_history() -> None:
+    # Six jobs of type x completed in 10 minutes; four others of type x have run 50 minutes
+    # and go on. A fresh job of type x is not taken for a 10-minute job: the four count as
+    # lengths of twice their service (100 min), so its Gittins estimate is
+    # min over budgets d of E[min(T, d)] / P(T <= d) = (6 x 600 + 4 x 600) / 6 = 1,000 s.
+    knowledge = Knowledge()
+    _completed(knowledge, "x", 600.0, 6)
+    busy = {
+        i: GpuState("v", i, gpu_spec("V100"), SharingMode.EXCLUSIVE, (f"r{i}",)) for i in range(4)
+    }
+    running = tuple(
+        RunningJob(ujob(f"r{i}", job_type="x"), Placement(f"r{i}", "v", (i,)), 0.0)
+        for i in range(4)
+    )
+    state = ClusterState(
+        now_s=3000.0,
+        nodes=(gpu_node("v", "V100", 4, gpus=busy), gpu_node("w", "V100", 1)),
+        pending=(ujob("p", arrival=3000.0, job_type="x"),),
+        running=running,
+        knowledge=knowledge,
+        attained_s={"p": 0.0, **{f"r{i}": 3000.0 for i in range(4)}},
+    )
+    plan = HeteroSrtfPolicy(pack_threshold=0).schedule(state, random.Random(0))
+    (decision,) = plan.decisions
+    assert decision.placement.job_id == "p" and decision.score == pytest.approx(1000.0)
+    assert "6 completed jobs of type x, 4 unfinished at twice their service" in (
+        decision.explanation
+    )
+
+
+def test_a_job_of_unknown_length_moves_to_an_idle_faster_gpu() -> None:
+    # It runs on a K80, 4x slower than on the V100 that is idle; its type took 2 h on
+    # average: a move pays whatever it has left. Left to fifo, it stays.
+    knowledge = Knowledge()
+    _completed(knowledge, "x", 7200.0, 6)
+    hidden = replace(
+        JobSpec(
+            id="h",
+            job_type="x",
+            profile=Profile(name="h", gpu_time_s={"V100": 3600.0, "K80": 14_400.0}),
+        ),
+        length_known=False,
+    )
+    busy = GpuState("k", 0, gpu_spec("K80"), SharingMode.EXCLUSIVE, ("h",))
+    state = ClusterState(
+        now_s=1000.0,
+        nodes=(gpu_node("k", "K80", 1, gpus={0: busy}), gpu_node("v", "V100", 1)),
+        pending=(),
+        running=(RunningJob(hidden, Placement("h", "k", (0,)), 0.0),),
+        knowledge=knowledge,
+        attained_s={"h": 1000.0},
+    )
+    plan = HeteroSrtfPolicy(pack_threshold=0).schedule(state, random.Random(0))
+    check_plan(state, plan)
+    assert [(a.kind, a.job_id) for a in plan.actions] == [(ActionKind.REQUEUE, "h")]
+    assert [(d.placement.job_id, d.placement.node) for d in plan.decisions] == [("h", "v")]
+    fifo = HeteroSrtfPolicy(pack_threshold=0, unknown_lengths="fifo").schedule(
+        state, random.Random(0)
+    )
+    assert fifo.actions == () and fifo.decisions == ()

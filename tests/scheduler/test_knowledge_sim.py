@@ -189,6 +189,7 @@ def test_the_policy_sees_the_knowledge_the_engine_feeds() -> None:
         ("--pair-noise", "-1", "pair_noise"),
         ("--round-s", "0", "round_s"),
         ("--estimate-noise", "11", "estimate_noise"),
+        ("--hide-lengths", "1.5", "hide_lengths"),
     ],
 )
 def test_bad_noise_and_round_flags_exit_2_naming_the_flag(flag: str, value: str, field: str):
