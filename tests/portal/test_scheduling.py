@@ -403,11 +403,27 @@ def test_a_job_of_unknown_length_is_ranked_by_its_attained_service_live(alice):
     job_transition(old, JobState.RUNNING, actor="t")
     new = submit(alice, "new")
 
+    # Three jobs of another type completed in 10 minutes each.
+    from portal.core.models import JobObservation
+
+    for i in range(3):
+        done = submit(alice, f"done{i}")
+        Job.objects.filter(pk=done.pk).update(state=JobState.COMPLETED, finished_at=now)
+        JobObservation.objects.create(
+            job=done, kind="completed", job_type="sweep", at=now, window_s=600.0 + i
+        )
+
     snap = build_snapshot(now)
     attained = snap.state.attained_s
     assert attained is not None
     assert attained[str(old.pk)] == pytest.approx(5 * 3600.0, abs=1.0)
     assert attained[str(new.pk)] == 0.0
+    # The knowledge holds every type's recent completions: the length history of a job
+    # whose own type has none.
+    knowledge = snap.state.knowledge
+    assert knowledge is not None
+    lengths, what, typed = knowledge.duration_samples(f"#{new.pk}", str(alice.pk))
+    assert lengths == (600.0, 601.0, 602.0) and "of any type" in what and not typed
 
     use_policy("hetero_srtf", pack_threshold=0, unknown_lengths="fifo")
     assert run_cycle(seed=0).actions == []
