@@ -18,7 +18,19 @@ import math
 import random
 from collections.abc import Sequence
 
-from scheduler.domain import JobSpec
+from scheduler.domain import JobSpec, Profile
+
+
+def _scaled(prof: Profile, factor: float) -> Profile:
+    """``prof`` with every time (GPU models, spread, CPU) multiplied by ``factor``."""
+    return dataclasses.replace(
+        prof,
+        gpu_time_s={m: t * factor for m, t in prof.gpu_time_s.items()},
+        gpu_time_unconsolidated_s={
+            m: t * factor for m, t in prof.gpu_time_unconsolidated_s.items()
+        },
+        cpu_time_s=None if prof.cpu_time_s is None else prof.cpu_time_s * factor,
+    )
 
 
 def with_noisy_estimates(
@@ -41,16 +53,8 @@ def with_noisy_estimates(
         if prof is None or noise == 1.0:
             out.append(job)
             continue
-        est = dataclasses.replace(
-            prof,
-            gpu_time_s={m: t * noise for m, t in prof.gpu_time_s.items()},
-            gpu_time_unconsolidated_s={
-                m: t * noise for m, t in prof.gpu_time_unconsolidated_s.items()
-            },
-            cpu_time_s=None if prof.cpu_time_s is None else prof.cpu_time_s * noise,
-        )
         truth[job.id] = 1.0 / noise
-        out.append(dataclasses.replace(job, profile=est))
+        out.append(dataclasses.replace(job, profile=_scaled(prof, noise)))
     return out, truth
 
 
@@ -85,14 +89,6 @@ def with_hidden_lengths(
             out.append(job)
             continue
         scale = nominal_s / fastest
-        est = dataclasses.replace(
-            prof,
-            gpu_time_s={m: t * scale for m, t in prof.gpu_time_s.items()},
-            gpu_time_unconsolidated_s={
-                m: t * scale for m, t in prof.gpu_time_unconsolidated_s.items()
-            },
-            cpu_time_s=None if prof.cpu_time_s is None else prof.cpu_time_s * scale,
-        )
         truth[job.id] = 1.0 / scale
-        out.append(dataclasses.replace(job, profile=est, length_known=False))
+        out.append(dataclasses.replace(job, profile=_scaled(prof, scale), length_known=False))
     return out, truth

@@ -212,3 +212,21 @@ def check_plan(state: ClusterState, plan: Plan, max_jobs_per_gpu: int | None = N
             assert need <= spec.memory_mb, f"{node_name}/{i} memory over-committed"
             if max_jobs_per_gpu is not None:
                 assert total_jobs <= max_jobs_per_gpu, f"{node_name}/{i} over the job limit"
+
+
+def completion(job_id: str, job_type: str, seconds: float, owner: str | None = None):
+    """A knowledge ``COMPLETED`` observation: ``job_id`` of ``job_type`` ran ``seconds``."""
+    from scheduler.knowledge.observations import Observation, ObservationKind
+
+    return Observation(
+        kind=ObservationKind.COMPLETED,
+        job_id=job_id,
+        job_type=job_type,
+        at_s=0.0,
+        window_s=seconds,
+        gpu_model="V100",
+        gpus=1,
+        progress_from=0.0,
+        progress_to=1.0,
+        owner=owner,
+    )

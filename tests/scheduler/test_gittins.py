@@ -10,7 +10,7 @@ import pytest
 
 from scheduler.gittins import discretise, effective_remaining_s
 from scheduler.knowledge import Knowledge
-from scheduler.knowledge.observations import Observation, ObservationKind
+from tests.scheduler.snapshots import completion
 
 
 def _brute(lengths: list[float], a: float) -> float:
@@ -70,28 +70,13 @@ def test_it_matches_the_definition_on_random_histories() -> None:
         assert eff == pytest.approx(_brute(lengths, a), rel=1e-9)
 
 
-def _done(job_id: str, job_type: str, seconds: float, owner: str | None = None) -> Observation:
-    return Observation(
-        kind=ObservationKind.COMPLETED,
-        job_id=job_id,
-        job_type=job_type,
-        at_s=0.0,
-        window_s=seconds,
-        gpu_model="V100",
-        gpus=1,
-        progress_from=0.0,
-        progress_to=1.0,
-        owner=owner,
-    )
-
-
 def test_length_history_comes_from_owner_then_type_then_every_job() -> None:
     k = Knowledge()
     assert k.duration_samples("a", "u1") == ((), "", False)
     for i in range(5):
-        k.observe(_done(f"a{i}", "a", 100.0 + i, owner="u1"))
+        k.observe(completion(f"a{i}", "a", 100.0 + i, owner="u1"))
     for i in range(3):
-        k.observe(_done(f"b{i}", "b", 5000.0 - i, owner="u2"))
+        k.observe(completion(f"b{i}", "b", 5000.0 - i, owner="u2"))
     lengths, what, typed = k.duration_samples("a", "u1")
     assert lengths == (100.0, 101.0, 102.0, 103.0, 104.0) and "by u1" in what and typed
     # type a without an owner: the type's five; u2's three of type b are too few, and so
@@ -103,5 +88,5 @@ def test_length_history_comes_from_owner_then_type_then_every_job() -> None:
     assert len(k.duration_samples("c")[0]) == 8  # an unseen type: every completed job
     # a new completion is seen at once (the answers are cached until then)
     for i in range(5):
-        k.observe(_done(f"c{i}", "c", 7.0))
+        k.observe(completion(f"c{i}", "c", 7.0))
     assert k.duration_samples("c")[0] == (7.0,) * 5

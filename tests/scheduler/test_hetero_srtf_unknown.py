@@ -20,9 +20,8 @@ from scheduler.domain import (
     SharingMode,
 )
 from scheduler.knowledge import Knowledge
-from scheduler.knowledge.observations import Observation, ObservationKind
 from scheduler.policies.hetero_srtf import HeteroSrtfPolicy
-from tests.scheduler.snapshots import check_plan, gpu_node
+from tests.scheduler.snapshots import check_plan, completion, gpu_node
 
 
 def ujob(job_id: str, *, arrival: float = 0.0, job_type: str | None = None) -> JobSpec:
@@ -74,19 +73,7 @@ def test_without_the_snapshots_history_the_current_attempt_counts() -> None:
 
 def _completed(knowledge: Knowledge, job_type: str, seconds: float, n: int) -> None:
     for i in range(n):
-        knowledge.observe(
-            Observation(
-                kind=ObservationKind.COMPLETED,
-                job_id=f"{job_type}{i}",
-                job_type=job_type,
-                at_s=0.0,
-                window_s=seconds,
-                gpu_model="V100",
-                gpus=1,
-                progress_from=0.0,
-                progress_to=1.0,
-            )
-        )
+        knowledge.observe(completion(f"{job_type}{i}", job_type, seconds))
 
 
 def test_the_lengths_of_completed_jobs_of_its_type_order_them() -> None:
