@@ -479,9 +479,12 @@ class HeteroSrtfPolicy(Policy):
         # least-attained-service assumption), by type and in all. Without them the history
         # holds only the jobs that were short enough to finish, and early on every job that
         # outlived it looks longer than a fresh one.
+        # (Gathered at the first job of unknown length: a cycle without one never pays.)
         unfinished: dict[str, list[float]] = {}
         unfinished_all: list[float] = []
-        if unknown_on:
+        gathered = False
+
+        def gather_unfinished() -> None:
             for job, rj in (
                 *((j, None) for j in state.pending),
                 *((r.job, r) for r in state.running),
@@ -497,6 +500,10 @@ class HeteroSrtfPolicy(Policy):
             the Gittins index's ``1 / G`` over the lengths of completed jobs like it, at its
             discretised attained service (LAS without such a history); per model, scaled by
             its profile's relative speeds (none: the same on every model that holds it)."""
+            nonlocal gathered
+            if not gathered:
+                gather_unfinished()
+                gathered = True
             k = g if (g := job.gpus) > 1 else 1
             done = served(job, rj)
             a = discretise(done, quantum_s)
