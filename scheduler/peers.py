@@ -2,7 +2,7 @@
 
     python -m scheduler.reproduce peers [--seeds N] [--traces light contended ...] [--quick]
         [--policies P ...] [--noise 0.5] [--pair-noise 0.3] [--round-s 360] [--restart-s 60]
-        [--hide-lengths SHARE] [--out FILE.csv]
+        [--hide-lengths SHARE] [--set POLICY.PARAM=VALUE ...] [--out FILE.csv]
 
 Every policy runs on the same traces, cluster and settings, once per seed ``0..N-1``:
 
@@ -21,7 +21,9 @@ Every policy runs on the same traces, cluster and settings, once per seed ``0..N
   the peers never pack, so it only touches policies that read pair estimates). An engine
   without those fields runs without them, and the header says so. ``--hide-lengths SHARE``
   (0): that share of the jobs declares no length (``SimConfig.hide_lengths``: their profiles
-  keep only relative speeds at a nominal hour; they report no progress).
+  keep only relative speeds at a nominal hour; they report no progress). ``--set
+  POLICY.PARAM=VALUE`` sets a parameter of one compared policy (e.g.
+  ``hetero_srtf.unknown_lengths=fifo``); the header names it.
 - **Figures** per trace and policy: median and range over the seeds of the average JCT, the
   99th-percentile JCT, the makespan and the largest finish-time-fairness ratio
   (``scheduler.ftf``, on the true job lengths), jobs completed of the total (the worst seed),
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import sys
 import tempfile
@@ -144,6 +147,7 @@ def run_peers(
     round_s: float = 360.0,
     restart_s: float = 60.0,
     hide_lengths: float = 0.0,
+    overrides: Mapping[str, Mapping[str, Any]] | None = None,
     progress: Callable[[int], None] | None = None,
     notes: list[str] | None = None,
 ) -> pd.DataFrame:
@@ -180,7 +184,11 @@ def run_peers(
                 if text not in notes:
                     notes.append(text)
             for name in policies:
-                policy = build_policy(name, policy_params(name, round_s, restart_s))
+                params = {
+                    **policy_params(name, round_s, restart_s),
+                    **(overrides or {}).get(name, {}),
+                }
+                policy = build_policy(name, params)
                 result = simulate(sc.cluster, jobs, policy, interference=model, config=config)
                 rows.append(
                     {
@@ -291,6 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pair-noise", type=float, default=0.3, help="pair estimate noise (0.3)")
     p.add_argument("--round-s", type=float, default=360.0, help="decision round, s (360)")
     p.add_argument("--restart-s", type=float, default=60.0, help="restart cost, s (60)")
+    p.add_argument("--set", action="append", default=[], metavar="POLICY.PARAM=VALUE",
+                   help="a policy parameter for this comparison, e.g. "
+                   "hetero_srtf.unknown_lengths=fifo (JSON values; repeatable)")  # fmt: skip
     p.add_argument("--hide-lengths", type=float, default=0.0,
                    help="share of jobs that declare no length (0)")  # fmt: skip
     p.add_argument("--out", help="summary CSV (runs go beside it as <stem>_runs.csv)")
@@ -310,15 +321,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--{flag.replace('_', '-')} must be a number >= 0")
     if not 0 <= args.hide_lengths <= 1:
         parser.error("--hide-lengths must be a share in [0, 1]")
+    overrides: dict[str, dict[str, Any]] = {}
+    for item in args.set:
+        name, dot, rest = item.partition(".")
+        param, eq, raw = rest.partition("=")
+        if not dot or not eq or not name or not param:
+            parser.error(f"--set {item!r}: expected POLICY.PARAM=VALUE")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw  # a bare word: a string
+        overrides.setdefault(name, {})[param] = value
     traces = args.traces or (list(QUICK_TRACES) if args.quick else list(TRACES))
     policies = args.policies or list(OURS + PEERS)
-    from scheduler.policies.registry import PolicyError, policy_class
+    from scheduler.policies.registry import PolicyError, build_policy, policy_class
 
     for name in policies:
         try:
             policy_class(name)
         except PolicyError as exc:
             parser.error(str(exc))
+    for name, params in overrides.items():
+        if name not in policies:
+            parser.error(f"--set names {name!r}, which is not among the policies compared")
+        try:
+            build_policy(name, {**policy_params(name, args.round_s, args.restart_s), **params})
+        except PolicyError as exc:
+            parser.error(f"--set: {exc}")
     total = len(traces) * seeds * len(policies)
     bar = None
     tick: Callable[[int], None] | None = None
@@ -338,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             round_s=args.round_s,
             restart_s=args.restart_s,
             hide_lengths=args.hide_lengths,
+            overrides=overrides,
             progress=tick,
             notes=notes,
         )
@@ -350,6 +380,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"noise {args.noise}, pair noise {args.pair_noise}, rounds {args.round_s:g} s, restart "
         f"cost {args.restart_s:g} s"
         + (f"; {args.hide_lengths:.0%} of the jobs declare no length" if args.hide_lengths else "")
+        + "".join(
+            f"; {name} with {', '.join(f'{k}={v!r}' for k, v in params.items())}"
+            for name, params in overrides.items()
+        )
     )
     for line in notes:
         print(f"note: {line}")

@@ -106,6 +106,26 @@ def test_command_line_refuses_unknown_policies_and_seeds():
         peers.main(["--seeds", "0", "--quiet"])
 
 
+def test_set_changes_one_policys_parameter_and_hidden_lengths_reach_the_engine(capsys):
+    # Every length hidden on the contended trace: hetero_srtf's Gittins ranking against its
+    # own FIFO fallback, chosen with --set (the header says so); the two differ.
+    args = ["--traces", "contended", "--seeds", "1", "--policies", "hetero_srtf", "--quiet",
+            "--hide-lengths", "1"]  # fmt: skip
+    assert peers.main(args) == 0
+    gittins = capsys.readouterr().out
+    assert peers.main([*args, "--set", "hetero_srtf.unknown_lengths=fifo"]) == 0
+    fifo = capsys.readouterr().out
+    assert "100% of the jobs declare no length" in gittins
+    assert "hetero_srtf with unknown_lengths='fifo'" in fifo
+    row = [line for line in gittins.splitlines() if line.strip().startswith("hetero_srtf")]
+    row_fifo = [line for line in fifo.splitlines() if line.strip().startswith("hetero_srtf")]
+    assert row and row_fifo and row != row_fifo
+    for bad in (["--set", "hetero_srtf.unknown_lengths=bogus"], ["--set", "tiresias.queues=2"],
+                ["--set", "hetero_srtf"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            peers.main([*args, *bad])
+
+
 def test_a_run_without_a_peer_prints_its_table_without_ratios():
     runs = pd.DataFrame([_run("t", "ours", "ours", 0, 80.0), _run("t", "fifo", "ours", 0, 90.0)])
     text = peers.format_peers(peers.summarize_peers(runs))
