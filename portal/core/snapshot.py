@@ -162,12 +162,13 @@ class _AttainedSeconds(Mapping[str, float]):
     jobs of unknown length asks."""
 
     def __init__(self, job_ids: list[str], now: datetime):
-        self._args = (job_ids, now)
+        self._ids = frozenset(job_ids)
+        self._now = now
         self._values: dict[str, float] | None = None
 
     def _loaded(self) -> dict[str, float]:
         if self._values is None:
-            job_ids, now = self._args
+            job_ids, now = self._ids, self._now
             values = dict.fromkeys(job_ids, 0.0)
             rows = Placement.objects.filter(job_id__in=[int(j) for j in job_ids]).values_list(
                 "job_id", "started_at", "created_at", "released_at"
@@ -183,7 +184,7 @@ class _AttainedSeconds(Mapping[str, float]):
         return self._loaded()[job_id]
 
     def __contains__(self, job_id: object) -> bool:
-        return job_id in self._args[0] if self._values is None else job_id in self._values
+        return job_id in self._ids
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._loaded())
