@@ -248,6 +248,11 @@ class JobSpec:
     # of unknown length (``scheduler.gittins``); a job without a profile is one anyway.
     length_known: bool = True
 
+    def length_unknown(self) -> bool:
+        """Whether this GPU job's length is unknown to the scheduler: no profile, or a profile
+        that gives only relative speeds (``length_known`` False)."""
+        return self.gpus > 0 and (self.profile is None or not self.length_known)
+
     def memory_known(self) -> bool:
         """Whether the job's GPU memory need is known: asked, or its profile's max."""
         return self.gpu_memory_mb is not None or (

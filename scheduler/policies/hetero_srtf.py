@@ -422,7 +422,7 @@ class HeteroSrtfPolicy(Policy):
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
             if job.container:
                 return None  # the framework knows which nodes run containers
-            if job.profile is None or not job.length_known:
+            if job.length_unknown():  # (make is only asked about GPU jobs)
                 return make_unknown(job, rj) if unknown_on else None
             progress = rj.progress if rj is not None else 0.0
             k = g if (g := job.gpus) > 1 else 1  # max(1, job.gpus)
@@ -489,7 +489,7 @@ class HeteroSrtfPolicy(Policy):
                 *((j, None) for j in state.pending),
                 *((r.job, r) for r in state.running),
             ):
-                if job.gpus > 0 and (job.profile is None or not job.length_known):
+                if job.length_unknown():
                     done = served(job, rj)
                     if done > 0:
                         unfinished.setdefault(job.type_key(), []).append(2.0 * done)
@@ -535,23 +535,16 @@ class HeteroSrtfPolicy(Policy):
             eff, fresh, note = hit
             need = job.memory_need_mb()
             here = node_model.get(rj.placement.node) if rj is not None else None
+            usable = [
+                m for m in models if m == here or (counts[m] >= k and specs[m].memory_mb >= need)
+            ]
             prof = job.profile
             if prof is not None:
-                times = {
-                    m: t
-                    for m in models
-                    if (t := prof.gpu_time_s.get(m)) is not None
-                    and t > 0
-                    and (m == here or (counts[m] >= k and specs[m].memory_mb >= need))
-                }
+                times = {m: t for m in usable if (t := prof.gpu_time_s.get(m)) and t > 0}
                 fastest = min(times.values(), default=0.0)
                 rem = {m: eff * t / fastest for m, t in times.items()}
             else:
-                rem = {
-                    m: eff
-                    for m in models
-                    if m == here or (counts[m] >= k and specs[m].memory_mb >= need)
-                }
+                rem = dict.fromkeys(usable, eff)
             if not rem:
                 return None
             best = min(rem.values())

@@ -260,13 +260,12 @@ def pack_waiting(
             continue
         value, keys, h, m, hosts_of, mem = best
         need = max(1, c.job.cpus)
-        nodes = sorted({n for n, _ in keys})
-        if any(cores.get(n, 0) < need for n in nodes):
+        order = list(dict.fromkeys(n for n, _ in keys))  # its nodes, in GPU order
+        if any(cores.get(n, 0) < need for n in order):
             continue
         by_node: dict[str, list[int]] = {}
         for n, i in keys:
             by_node.setdefault(n, []).append(i)
-        order = list(dict.fromkeys(n for n, _ in keys))
         parts = [PlacementPart(n, tuple(by_node[n]), need) for n in order]
         for n in order:
             cores[n] -= need
