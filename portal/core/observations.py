@@ -282,15 +282,20 @@ def close_and_complete(job_id: int, placement_id: int) -> None:
     record_completion(job)
 
 
+def attempt_seconds(start: datetime, end: datetime) -> float:
+    """Seconds one attempt ran, from its start (``started_at``, else ``created_at``) to its
+    end (``released_at``, else the job's end or now); never negative."""
+    return max(0.0, (end - start).total_seconds())
+
+
 def record_completion(job: Job) -> JobObservation | None:
     """A ``completed`` observation of a job that just completed: its run time over every
     attempt (started to released, the last one to ``finished_at``)."""
     total = 0.0
     last: Placement | None = None
     for p in job.placements.order_by("attempt"):
-        start = p.started_at or p.created_at
         end = p.released_at or job.finished_at or timezone.now()
-        total += max(0.0, (end - start).total_seconds())
+        total += attempt_seconds(p.started_at or p.created_at, end)
         last = p
     if total <= 0 or last is None:
         return None

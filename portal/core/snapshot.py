@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from portal.core import adapters, jobcontrol, training
 from portal.core.models import Job, Node, Placement, PlacementPart
-from portal.core.observations import build_knowledge
+from portal.core.observations import attempt_seconds, build_knowledge
 from portal.core.states import PLACED, TERMINAL, JobState
 from portal.teams.accounting import accounts_snapshot
 from scheduler.domain import (
@@ -131,66 +131,47 @@ def _present_job_seconds(
     return job_seconds_present(intervals, arrivals, _seconds(now))
 
 
-class _PresentJobSeconds(Mapping[str, float]):
-    """``ClusterState.present_job_s``, read from the database on first use: only a policy
-    with a finish-time-fairness cap asks, and the query reads every job present since the
-    oldest arrival, so the other policies' cycles do not pay for it."""
+class _OnFirstUse(Mapping[str, float]):
+    """A job id -> seconds mapping read from the database on first use (``load``): the
+    snapshot's ``present_job_s`` and ``attained_s``, which only some policies ask for (a
+    fairness cap; jobs of unknown length), so the other policies' cycles do not pay their
+    queries. ``ids``: the keys it will hold, to answer ``in`` without loading."""
 
-    def __init__(self, pending: tuple[JobSpec, ...], running: list[RunningJob], now: datetime):
-        self._args = (pending, running, now)
+    def __init__(self, load: Callable[[], dict[str, float]], ids: frozenset[str] | None = None):
+        self._load = load
+        self._ids = ids
         self._values: dict[str, float] | None = None
 
     def _loaded(self) -> dict[str, float]:
         if self._values is None:
-            self._values = _present_job_seconds(*self._args)
-        return self._values
-
-    def __getitem__(self, job_id: str) -> float:
-        return self._loaded()[job_id]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._loaded())
-
-    def __len__(self) -> int:
-        return len(self._loaded())
-
-
-class _AttainedSeconds(Mapping[str, float]):
-    """``ClusterState.attained_s``: seconds each pending or running job has run over every
-    attempt (started, else created, to released, else now; as ``record_completion`` counts a
-    completed job's run time), read from the database on first use: only a policy that ranks
-    jobs of unknown length asks."""
-
-    def __init__(self, job_ids: list[str], now: datetime):
-        self._ids = frozenset(job_ids)
-        self._now = now
-        self._values: dict[str, float] | None = None
-
-    def _loaded(self) -> dict[str, float]:
-        if self._values is None:
-            job_ids, now = self._ids, self._now
-            values = dict.fromkeys(job_ids, 0.0)
-            rows = Placement.objects.filter(job_id__in=[int(j) for j in job_ids]).values_list(
-                "job_id", "started_at", "created_at", "released_at"
-            )
-            for job_id, started, created, released in rows.iterator():
-                start = started or created
-                end = released or now
-                values[str(job_id)] += max(0.0, (end - start).total_seconds())
-            self._values = values
+            self._values = self._load()
         return self._values
 
     def __getitem__(self, job_id: str) -> float:
         return self._loaded()[job_id]
 
     def __contains__(self, job_id: object) -> bool:
-        return job_id in self._ids
+        if self._ids is not None and self._values is None:
+            return job_id in self._ids
+        return job_id in self._loaded()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._loaded())
 
     def __len__(self) -> int:
         return len(self._loaded())
+
+
+def _attained_seconds(job_ids: frozenset[str], now: datetime) -> dict[str, float]:
+    """``ClusterState.attained_s``: seconds each of ``job_ids`` has run over every attempt
+    (``attempt_seconds``, as a completed job's run time is counted), one query."""
+    values = dict.fromkeys(job_ids, 0.0)
+    rows = Placement.objects.filter(job_id__in=[int(j) for j in job_ids]).values_list(
+        "job_id", "started_at", "created_at", "released_at"
+    )
+    for job_id, started, created, released in rows.iterator():
+        values[str(job_id)] += attempt_seconds(started or created, released or now)
+    return values
 
 
 def build_snapshot(now: datetime | None = None) -> Snapshot:
@@ -320,12 +301,10 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
         )
 
     pending = tuple(to_spec(j) for j in pending_rows)
-    present = _PresentJobSeconds(pending, running, now)
-    ids = [j.id for j in pending] + [r.job.id for r in running]
-    unknown = any(
-        j.gpus > 0 and (j.profile is None or not j.length_known)
-        for j in (*pending, *(r.job for r in running))
-    )
+    present = _OnFirstUse(lambda: _present_job_seconds(pending, running, now))
+    ids = frozenset([j.id for j in pending] + [r.job.id for r in running])
+    attained = _OnFirstUse(lambda: _attained_seconds(ids, now), ids)
+    unknown = any(j.length_unknown() for j in (*pending, *(r.job for r in running)))
     state = ClusterState(
         now_s=_seconds(now),
         nodes=tuple(node_states),
@@ -339,7 +318,7 @@ def build_snapshot(now: datetime | None = None) -> Snapshot:
             completions=UNKNOWN_LENGTH_HISTORY if unknown else 0,
         ),
         present_job_s=present,
-        attained_s=_AttainedSeconds(ids, now),
+        attained_s=attained,
     )
     return Snapshot(
         state=state,
