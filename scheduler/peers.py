@@ -153,6 +153,7 @@ def run_peers(
 ) -> pd.DataFrame:
     """One row per (trace, policy, seed) with ``run_metrics``' figures."""
     from scheduler.interference import build_interference
+    from scheduler.jct_bound import avg_jct_lower_bound
     from scheduler.policies.registry import build_policy
     from scheduler.scenarios import load_scenario
     from scheduler.simulator import simulate
@@ -168,6 +169,7 @@ def run_peers(
                 counts[g.spec.model] = counts.get(g.spec.model, 0) + 1
         for seed in range(seeds):
             truth = trace_jobs(trace, sc.jobs, seed)
+            bound = avg_jct_lower_bound(truth, sc.cluster, round_s or None).avg_jct_s
             jobs = truth  # the engine draws the noisy estimates (and keeps the truth to itself)
             config = dataclasses.replace(
                 sc.config,
@@ -197,6 +199,7 @@ def run_peers(
                         "kind": "peer" if name in PEERS else "ours",
                         "seed": seed,
                         **run_metrics(result, truth, counts),
+                        "avg_jct_bound_s": bound,
                     }
                 )
                 if progress is not None:
@@ -215,6 +218,10 @@ def summarize_peers(runs: pd.DataFrame) -> pd.DataFrame:
             row[f"{m}_median"] = float(g[m].median())
             row[f"{m}_min"] = float(g[m].min())
             row[f"{m}_max"] = float(g[m].max())
+        if "avg_jct_bound_s" in g:
+            row["avg_jct_bound_s_median"] = float(g["avg_jct_bound_s"].median())
+            row["avg_jct_bound_s_min"] = float(g["avg_jct_bound_s"].min())
+            row["avg_jct_bound_s_max"] = float(g["avg_jct_bound_s"].max())
         row["completed_min"] = int(g["completed"].min())
         row["jobs"] = int(g["jobs"].max())
         row["incomplete_seeds"] = int((g["completed"] < g["jobs"]).sum())
@@ -234,6 +241,10 @@ def summarize_peers(runs: pd.DataFrame) -> pd.DataFrame:
         for m in ("avg_jct_s", "p99_jct_s", "makespan_s"):
             summary.loc[idx, f"{m}_vs_best_peer"] = (
                 summary.loc[idx, f"{m}_median"] / best[f"{m}_median"]
+            )
+        if "avg_jct_bound_s_median" in summary:
+            summary.loc[idx, "avg_jct_bound_vs_best_peer"] = (
+                summary.loc[idx, "avg_jct_bound_s_median"] / best["avg_jct_s_median"]
             )
     return summary
 
@@ -257,6 +268,15 @@ def format_peers(summary: pd.DataFrame) -> str:
         best = g["best_peer"].iloc[0] if "best_peer" in g else "none (no peer in the run)"
         lines.append(f"== {tname} (best peer by median avg JCT: {best}; times in hours, "
                      f"median [min-max] over {int(g['seeds'].max())} seeds)")  # fmt: skip
+        if "avg_jct_bound_s_median" in g and not math.isnan(g["avg_jct_bound_s_median"].iloc[0]):
+            r0 = g.iloc[0]
+            vs = r0.get("avg_jct_bound_vs_best_peer")
+            lines.append(
+                "   no policy can beat: avg JCT >= "
+                + _span(r0, "avg_jct_bound_s", 3600, ".2f")
+                + " h (scheduler.jct_bound, true lengths)"
+                + (f" = {vs:.2f}x the best peer" if vs is not None and not math.isnan(vs) else "")
+            )
         table = pd.DataFrame(
             {
                 "policy": g["policy"],
@@ -279,6 +299,13 @@ def format_peers(summary: pd.DataFrame) -> str:
                 "mksp_x": _ratios(g, "makespan_s_vs_best_peer"),
             }
         )
+        if "avg_jct_bound_s_median" in g:
+            table["jct/bound"] = [
+                f"{r['avg_jct_s_median'] / r['avg_jct_bound_s_median']:.2f}"
+                if r["avg_jct_bound_s_median"] > 0
+                else "-"
+                for _, r in g.iterrows()
+            ]
         lines.append(table.to_string(index=False))
         lines.append("")
     return "\n".join(lines)

@@ -97,6 +97,10 @@ def test_command_line_runs_and_writes_csv(tmp_path, capsys):
     runs = pd.read_csv(tmp_path / "cmp_runs.csv")
     assert len(runs) == 2 and (runs["max_ftf"] > 0).all()
     assert (summary.set_index("policy").loc["tiresias", "avg_jct_s_vs_best_peer"]) == 1.0
+    # the lower bound no schedule beats (scheduler.jct_bound) stands above the table
+    assert "no policy can beat: avg JCT >= " in printed
+    assert (summary["avg_jct_bound_s_median"] <= summary["avg_jct_s_median"]).all()
+    assert (runs["avg_jct_bound_s"] > 0).all()
 
 
 def test_command_line_refuses_unknown_policies_and_seeds():
