@@ -28,7 +28,11 @@ Every policy runs on the same traces, cluster and settings, once per seed ``0..N
   99th-percentile JCT, the makespan and the largest finish-time-fairness ratio
   (``scheduler.ftf``, on the true job lengths), jobs completed of the total (the worst seed),
   and the ratios of the medians to the best peer's (the peer with the lowest median average
-  JCT on that trace). A policy that left a job unfinished in some seed is flagged.
+  JCT on that trace). A policy that left a job unfinished in some seed is flagged. Above each
+  table, the average JCT that no policy can beat on that trace with those rounds
+  (``scheduler.jct_bound``, from the true lengths), and its ratio to the best peer's: a goal
+  such as 0.90x the best peer is out of reach where that ratio is above it. The column
+  ``jct/bound`` gives each policy's median over the bound's.
 
 ``--quick``: the three 100-job traces and 3 seeds (unless ``--traces`` / ``--seeds`` say
 otherwise). Progress goes to stderr; ``--out`` writes the summary CSV and, beside it,

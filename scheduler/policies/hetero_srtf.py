@@ -392,23 +392,32 @@ class HeteroSrtfPolicy(Policy):
         # current model, gang): jobs of one profile share them within a cycle.
         solo_times: dict[tuple[int, int, float, str | None, bool], list[tuple[str, float]]] = {}
         isolated: dict[tuple[tuple[int, int, float, str | None, bool], int], float] = {}
+        fastest: dict[tuple[int, int, float, str | None, bool], float] = {}
         aging = self.aging
 
-        def fairness(job: JobSpec, age: float, best: float, ck: Any, times: Any, k: int) -> float:
-            """The job's predicted finish-time-fairness ratio: age + ``best`` remaining over
-            its time on an isolated ``1/n`` share (``isolated_time_s`` of its solo ``times``
-            per model), ``n`` the count of jobs present averaged over the job's life, as the
-            metric does: measured from its arrival to now (before it was first seen, the
-            count then), the present count for the time it is predicted to have left.
-            ``ck``: a key for jobs that share ``times`` (None: not cached)."""
-            history = state.present_job_s
+        history = state.present_job_s
+
+        def present_past(job: JobSpec) -> float:
+            """Job-seconds present from the job's arrival to now: the live loop's count from
+            the job history, else this policy's own (before the job was first seen, the count
+            then; a job seen for the first time is noted now)."""
             if history is not None and job.id in history:
-                past = history[job.id]  # the live loop's count from the job history
-            else:
-                seen = seen_jobs.get(job.id)
-                if seen is None:
-                    seen = seen_jobs[job.id] = (area_now, now, n_jobs)
-                past = area_now - seen[0] + seen[2] * max(0.0, seen[1] - job.arrival_s)
+                return history[job.id]
+            seen = seen_jobs.get(job.id)
+            if seen is None:
+                seen = seen_jobs[job.id] = (area_now, now, n_jobs)
+            return area_now - seen[0] + seen[2] * max(0.0, seen[1] - job.arrival_s)
+
+        def fair_share_s(
+            job: JobSpec, age: float, best: float, ck: Any, times: Any, k: int, past: float
+        ) -> float:
+            """The job's time on an isolated ``1/n`` share (``isolated_time_s`` of its solo
+            ``times`` per model), the denominator of its predicted finish-time-fairness ratio
+            (age + ``best`` remaining over it); ``n`` the count of jobs present averaged over
+            the job's life, as the metric does: ``past`` (``present_past``) from its arrival
+            to now, the present count for the time it is predicted to have left. Never less
+            than its fastest time in ``times``. ``ck``: a key for jobs that share ``times``
+            (None: not cached)."""
             life = max(0.0, age) + best
             mean_n = (past + n_jobs * best) / life if life > 0 else float(n_jobs)
             ik = (ck, max(1, round(mean_n)))
@@ -417,7 +426,7 @@ class HeteroSrtfPolicy(Policy):
                 iso = isolated_time_s(dict(times), counts, k, ik[1])
                 if ck is not None:
                     isolated[ik] = iso
-            return (age + best) / iso if iso > 0 else 0.0
+            return iso
 
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
             if job.container:
@@ -457,9 +466,16 @@ class HeteroSrtfPolicy(Policy):
                 else best / (1.0 + aging * (age if age > 0.0 else 0.0) / solo_best)
             )
             if ftf > 0:
-                rho = fairness(job, age, best, ck, times, k)
-                if rho >= ftf:
-                    key = -rho
+                past = present_past(job)
+                tmin = fastest.get(ck)
+                if tmin is None:
+                    tmin = fastest[ck] = min(t for _, t in times)
+                # Under the cap whatever its share when age + best stays under ftf times its
+                # fastest time (the share is never shorter): the share is not worked out.
+                if age + best >= ftf * tmin:
+                    iso = fair_share_s(job, age, best, ck, times, k, past)
+                    if iso > 0 and (rho := (age + best) / iso) >= ftf:
+                        key = -rho
             return Cand(job, rem, best, key)
 
         unknown_on = self.unknown_lengths == "gittins"
@@ -557,8 +573,9 @@ class HeteroSrtfPolicy(Policy):
             wait = age - done
             key = best / (1.0 + aging * (wait if wait > 0.0 else 0.0) / solo) if solo > 0 else best
             if ftf > 0:  # its whole length taken as what it ran plus the estimate
-                rho = fairness(job, age, best, None, {m: r + done for m, r in rem.items()}, k)
-                if rho >= ftf:
+                whole = {m: r + done for m, r in rem.items()}
+                iso = fair_share_s(job, age, best, None, whole, k, present_past(job))
+                if iso > 0 and (rho := (age + best) / iso) >= ftf:
                     key = -rho
             c = Cand(job, rem, best, key)
             c.note = note
@@ -758,17 +775,96 @@ class HeteroSrtfPolicy(Policy):
         # restart cost are the hysteresis).
         # Jobs over the finish-time-fairness cap are not held back by it: each may take the
         # GPUs of one more running job (the cap binds where the budget would defer it).
+        # Running jobs over the cap that move leave first, most over the cap first, within
+        # the budget (not the part added for the waiting jobs over the cap), each counting
+        # itself and the GPUs it takes. When the budget cuts, the jobs whose GPUs are needed
+        # go first (below), and a move that would find no room is not made.
         budget = self._churn_allowance(len(state.running))
-        budget += sum(1 for c in chosen if c.running is None and c.key < 0)
+        for_waiting = sum(1 for c in chosen if c.running is None and c.key < 0)
+        movers: list[Cand] = []
+        cut = False  # some job that would leave keeps its GPUs this cycle
+        if any(c.key < 0 for c in leaving):
+            spent = 0
+            plain: list[Cand] = []
+            for c in sorted(leaving, key=lambda c: (c.key, c.job.arrival_s, c.job.id)):
+                if c.key >= 0 or assignment.get(c.job.id) is None:
+                    plain.append(c)
+                elif spent + 1 + c.gpus <= budget:
+                    spent += 1 + c.gpus
+                    movers.append(c)
+                else:
+                    keep.append(c)  # next cycle: it still ranks first
+                    cut = True
+            budget -= len(movers)
+            leaving = plain
+        budget += for_waiting  # the waiting jobs over the cap: not spent on moves
         if len(leaving) > budget:
             leaving = _sorted_by(
                 leaving,
                 lambda c: -ranked_by(c),
                 lambda c: (-ranked_by(c), c.job.arrival_s, c.job.id),
             )
+            # Those whose GPUs are needed go first: the GPUs the moving jobs, then the
+            # waiting ones chosen (in rank order), then the other moves take on each model,
+            # beyond the idle ones there. The longest go first within each.
+            idle = {m: free[m].total() for m in models}
+            ordered_leaving: list[Cand] = []
+            rest = leaving
+            for wanting in (
+                movers,
+                [c for c in pending if c.job.id in chosen_ids],
+                [c for c in leaving if c.job.id in chosen_ids],
+            ):
+                short = dict.fromkeys(models, 0)
+                for c in wanting:
+                    short[assignment[c.job.id]] += c.gpus
+                for m in models:  # the idle GPUs serve first
+                    use = min(idle[m], short[m])
+                    idle[m] -= use
+                    short[m] -= use
+                later: list[Cand] = []
+                for c in rest:
+                    here_m = c.model or ""
+                    if short.get(here_m, 0) > 0:
+                        short[here_m] -= c.gpus
+                        ordered_leaving.append(c)
+                    else:
+                        later.append(c)
+                rest = later
+            leaving = ordered_leaving + rest
             # the deferred keep their GPUs; jobs chosen for them wait (placement fails)
             keep.extend(leaving[budget:])
             leaving = leaving[:budget]
+            cut = True
+        if cut:
+            # A job that would move finds room on its model only if enough jobs there leave
+            # (or GPUs there are idle): one that would not is not moved (it would lose its
+            # GPUs and wait), which may in turn leave less room for another.
+            moves = [c for c in movers + leaving if assignment.get(c.job.id) is not None]
+            freed = {m: free[m].total() for m in models}
+            for c in movers + leaving:
+                if c.model is not None:
+                    freed[c.model] = freed.get(c.model, 0) + c.gpus
+            while moves:
+                room = dict(freed)
+                stuck: list[Cand] = []
+                for c in moves:
+                    target = assignment[c.job.id]
+                    if room.get(target, 0) >= c.gpus:
+                        room[target] -= c.gpus
+                    else:
+                        stuck.append(c)
+                if not stuck:
+                    break
+                gone = {id(c) for c in stuck}
+                moves = [c for c in moves if id(c) not in gone]
+                movers = [c for c in movers if id(c) not in gone]
+                leaving = [c for c in leaving if id(c) not in gone]
+                for c in stuck:
+                    keep.append(c)
+                    if c.model is not None:
+                        freed[c.model] -= c.gpus
+        leaving = movers + leaving
         for c in leaving:
             target = assignment.get(c.job.id)
             if target is not None:
@@ -787,7 +883,9 @@ class HeteroSrtfPolicy(Policy):
         for c in pending:
             if c.job.id in chosen_ids:
                 to_start.append(c)
-        to_start.sort(key=lambda c: (-c.gpus, rank(c)))
+        # Per size: jobs over the cap first, then jobs that left their GPUs to move, then
+        # the waiting ones, each in rank order.
+        to_start.sort(key=lambda c: (-c.gpus, c.key >= 0, c.freed is None, rank(c)))
         cores = dict(free_cores)
         started: set[str] = set()
         hosts: list[tuple[Cand, Placement]] = []  # jobs on their GPUs after the plan
@@ -815,8 +913,10 @@ class HeteroSrtfPolicy(Policy):
             c.placed_model = m
             started.add(c.job.id)
             hosts.append((c, pl))
-        # Work conserving: idle GPUs take the next jobs in key order (guests first in order).
-        rest = [c for c in pending if c.job.id not in started and c.job.id not in waiting]
+        # Work conserving: idle GPUs take the next jobs in key order (guests first in order),
+        # jobs chosen above whose model had no room for them included (on another model).
+        rest = [c for c in pending if c.job.id not in started]
+        rest += [c for c in to_start if c.freed is not None and c.job.id not in started]
         rest += [g for g in guests if not g.pinned]
         rest.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
         if any(f.total() for f in free.values()):
@@ -826,7 +926,12 @@ class HeteroSrtfPolicy(Policy):
                 if not options:
                     continue
                 m = options[0]
-                if c.running is not None:
+                pl = None
+                if c.running is None:  # the fastest model with room that also has the cores
+                    for m in options:
+                        if (pl := self._place(c, m, free[m], cores)) is not None:
+                            break
+                else:
                     # A packed job moves to a GPU of its own if that pays the move (sharing is
                     # taken as half speed here) and it fits on one node of the model now.
                     shared_rem = c.rem.get(c.model or "", _INF) * 2
@@ -841,12 +946,13 @@ class HeteroSrtfPolicy(Policy):
                     if free[m].best_fit(c.gpus, ok) is None:
                         continue
                     self._requeue(c, f"moved to a GPU of its own on {m}", actions, free, gpu_jobs)
-                pl = self._place(c, m, free[m], cores)
+                    pl = self._place(c, m, free[m], cores)
                 if pl is None:
                     continue
                 decisions.append(self._decision(c, pl, m, "an idle GPU, next in key order"))
                 c.placed_model = m
                 started.add(c.job.id)
+                waiting.pop(c.job.id, None)
                 hosts.append((c, pl))
                 if not any(f.total() for f in free.values()):
                     break

@@ -85,8 +85,11 @@ def assign_models(
 
     Greedy in order (each job takes its cheapest model with room; a job that fits nowhere is
     left out), then pairwise swaps of same-size jobs between two models, and moves into spare
-    capacity, while they lower the total relative cost (``Cand.cost``). ``vector_from``
-    (default ``VECTOR_FROM``): the candidate count from which the swaps use numpy.
+    capacity, while they lower the total relative cost (``Cand.cost``). A job over the
+    finish-time-fairness cap (a negative ``key``; it comes first in the order) keeps the model
+    the greedy pass gave it: no swap moves it to a slower one to lower the others' total.
+    ``vector_from`` (default ``VECTOR_FROM``): the candidate count from which the swaps use
+    numpy.
     """
     left = dict(capacity)
     out: dict[str, str] = {}
@@ -106,7 +109,8 @@ def assign_models(
                     best_m, best_cost = m, cost
         if best_m is not None:
             out[c.job.id] = best_m
-            by_id[c.job.id] = (c, row)
+            if c.key >= 0:  # a job over the fairness cap keeps its model: no swaps
+                by_id[c.job.id] = (c, row)
             left[best_m] -= k
     sizes = sorted({c.gpus for c, _ in by_id.values()})
     if len(by_id) >= (VECTOR_FROM if vector_from is None else vector_from):
@@ -236,7 +240,7 @@ def _swaps_vector(
     items = list(by_id.values())
     cost = np.array([row for _, row in items], dtype=float)
     col = {m: i for i, m in enumerate(models)}
-    where = np.array([col[m] for m in out.values()], dtype=np.int64)  # by_id's order
+    where = np.array([col[out[jid]] for jid in by_id], dtype=np.int64)  # by_id's order
     start = where.copy()
     size = np.array([c.gpus for c, _ in items], dtype=np.int64)
     empty = np.zeros(0, dtype=np.int64)

@@ -378,3 +378,119 @@ def test_sorted_by_orders_as_the_whole_key_ties_included() -> None:
     assert _sorted_by(items, lambda x: x[0], lambda x: x) == sorted(items)
     assert _sorted_by(items, lambda x: x[0], lambda x: x) != sorted(items, key=lambda x: x[0])
     assert _sorted_by([], lambda x: x, lambda x: x) == []
+
+
+def _k80_and_v100_busy() -> ClusterState:
+    # "a" (1,000 s on a V100, 4,000 s on a K80) has run half its work on the K80 since 0;
+    # "b" (5,000 s / 20,000 s) has just started on the V100; "c" (very long) waits.
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState, Placement, RunningJob
+
+    a = gjob("a", {"V100": 1000.0, "K80": 4000.0})
+    b = gjob("b", {"V100": 5000.0, "K80": 20_000.0}, arrival=4300.0)
+    c = gjob("c", {"V100": 100_000.0}, arrival=4350.0)
+    on_k = GpuState("k", 0, gpu_spec("K80"), SharingMode.EXCLUSIVE, ("a",))
+    on_v = GpuState("v", 0, gpu_spec("V100"), SharingMode.EXCLUSIVE, ("b",))
+    return ClusterState(
+        now_s=4400.0,
+        nodes=(gpu_node("v", "V100", 1, gpus={0: on_v}), gpu_node("k", "K80", 1, gpus={0: on_k})),
+        pending=(c,),
+        running=(
+            RunningJob(a, Placement("a", "k", (0,), SharingMode.EXCLUSIVE), 0.0, progress=0.5),
+            RunningJob(b, Placement("b", "v", (0,), SharingMode.EXCLUSIVE), 4300.0, progress=0.02),
+        ),
+    )
+
+
+def test_a_job_over_the_ftf_cap_is_not_swapped_to_a_slow_model_and_moves_first() -> None:
+    # Three jobs present over a's life: its fair share takes 3 / (1/1000 + 1/4000) = 2,400 s,
+    # and (4,400 + 500 left on the V100) / 2,400 = 2.04 puts it over the cap of 2. The total
+    # relative cost alone keeps both where they are (moving both costs restarts and the
+    # margin: 5.6 against 5.0); over the cap a goes first, takes the V100 and is not swapped
+    # back, and b moves to the K80. The move costs the churn budget two requeues (a, and the job
+    # on the GPU it takes).
+    state = _k80_and_v100_busy()
+    settings = {"aging": 0.0, "pack_threshold": 0, "churn_min": 2}
+    plan = HeteroSrtfPolicy(**settings).schedule(state, random.Random(0))
+    assert sorted(a.job_id for a in plan.actions) == ["a", "b"]
+    moved = {a.job_id: a.explanation for a in plan.actions}
+    assert "moved from K80 to V100" in moved["a"]
+    placed = {d.placement.job_id: d.placement.node for d in plan.decisions}
+    assert placed == {"a": "v", "b": "k"}
+    # Without the cap the assignment minimises the total relative cost: a stays on the K80.
+    plain = HeteroSrtfPolicy(ftf_cap=0, **settings).schedule(state, random.Random(0))
+    assert plain.actions == () and plain.decisions == ()
+    # A budget of one requeue holds the move back to a later cycle, and b, whose move
+    # needed a's GPU, stays too: nobody is requeued without a GPU to go to.
+    held = HeteroSrtfPolicy(**{**settings, "churn_min": 1}).schedule(state, random.Random(0))
+    assert held.actions == () and held.decisions == ()
+
+
+def test_a_capped_move_makes_room_before_other_requeues() -> None:
+    # As above, on two K80s, with "d" (50,000 s, K80 only) beside a and "s" (100 s) waiting:
+    # s would take d's GPU and a takes b's. With a budget of two, a's move spends it (a and
+    # the job on the V100): b leaves, although d is the longest, so a finds its GPU free;
+    # d keeps its GPU and s waits for a later cycle. A budget of three lets d go too.
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState, Placement, RunningJob
+
+    a = gjob("a", {"V100": 1000.0, "K80": 4000.0})
+    b = gjob("b", {"V100": 5000.0, "K80": 20_000.0}, arrival=6900.0)
+    d = gjob("d", {"K80": 50_000.0}, arrival=6950.0)
+    s = gjob("s", {"K80": 100.0}, arrival=6990.0)
+    k = {
+        0: GpuState("k", 0, gpu_spec("K80"), SharingMode.EXCLUSIVE, ("a",)),
+        1: GpuState("k", 1, gpu_spec("K80"), SharingMode.EXCLUSIVE, ("d",)),
+    }
+    v = {0: GpuState("v", 0, gpu_spec("V100"), SharingMode.EXCLUSIVE, ("b",))}
+
+    def running(job: JobSpec, node: str, index: int, progress: float) -> RunningJob:
+        pl = Placement(job.id, node, (index,), SharingMode.EXCLUSIVE)
+        return RunningJob(job, pl, job.arrival_s, progress=progress)
+
+    state = ClusterState(
+        now_s=7000.0,
+        nodes=(gpu_node("v", "V100", 1, gpus=v), gpu_node("k", "K80", 2, gpus=k)),
+        pending=(s,),
+        running=(running(a, "k", 0, 0.5), running(b, "v", 0, 0.02), running(d, "k", 1, 0.0)),
+    )
+    plan = HeteroSrtfPolicy(aging=0.0, pack_threshold=0, churn_min=2).schedule(
+        state, random.Random(0)
+    )
+    assert sorted(x.job_id for x in plan.actions) == ["a", "b"]
+    placed = {x.placement.job_id: x.placement.node for x in plan.decisions}
+    assert placed == {"a": "v", "b": "k"}
+    more = HeteroSrtfPolicy(aging=0.0, pack_threshold=0, churn_min=3).schedule(
+        state, random.Random(0)
+    )
+    assert sorted(x.job_id for x in more.actions) == ["a", "b", "d"]
+    placed = {x.placement.job_id: x.placement.node for x in more.decisions}
+    assert placed["a"] == "v" and placed["s"] == "k"
+
+
+def test_a_job_its_model_cannot_take_gets_an_idle_gpu_of_another() -> None:
+    # x runs twice as fast on the P100, but the P100's node has 2 cores free and x asks for
+    # 8: the idle V100 (16 cores) takes it in the same cycle rather than leaving both idle.
+    # A long job runs beside (on a third model) and a second one waits, so the cycle takes
+    # the full path.
+    import dataclasses
+
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState, Placement, RunningJob
+
+    x = dataclasses.replace(gjob("x", {"P100": 1000.0, "V100": 2000.0}, arrival=50.0), cpus=8)
+    hog = gjob("hog", {"K80": 90_000.0})
+    wait = gjob("w", {"K80": 80_000.0}, arrival=60.0)
+    on_k = {0: GpuState("k", 0, gpu_spec("K80"), SharingMode.EXCLUSIVE, ("hog",))}
+    p100 = dataclasses.replace(gpu_node("p", "P100", 1, cores=16), free_cores=2)
+    state = ClusterState(
+        now_s=100.0,
+        nodes=(p100, gpu_node("v", "V100", 1, cores=16), gpu_node("k", "K80", 1, gpus=on_k)),
+        pending=(x, wait),
+        running=(
+            RunningJob(hog, Placement("hog", "k", (0,), SharingMode.EXCLUSIVE), 0.0, progress=0.1),
+        ),
+    )
+    plan = HeteroSrtfPolicy(pack_threshold=0).schedule(state, random.Random(0))
+    placed = {d.placement.job_id: d.placement.node for d in plan.decisions}
+    assert placed.get("x") == "v", (placed, plan.waiting)
