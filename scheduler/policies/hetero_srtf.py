@@ -87,13 +87,16 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
   (0: the count alone).
 - ``pack_threshold`` (1.2): pack two jobs on a GPU when their estimated pair throughput
   reaches this many jobs' worth (0: never pack).
-- ``ftf_cap`` (2): finish-time-fairness cap; jobs predicted at or above it go first, and each
-  may take one running job's GPUs beyond the churn budget (0: off). 2 is issue 24's bound.
+- ``ftf_cap`` (2): finish-time-fairness cap; jobs predicted at or above it go first, keep the
+  model the greedy assignment gives them (no swap sends them to a slower one), and each
+  waiting one may take one running job's GPUs beyond the churn budget; running ones over it
+  that move leave first within the budget (0: off). 2 is issue 24's bound.
 - ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
 - ``churn_budget`` (0.02): at most this share of the running jobs (and at least
-  ``churn_min``) is requeued (preempted or moved) per cycle; the longest go first, the others
-  keep their GPUs until a later cycle still finds the change worth its margin and restart
-  cost (1: no limit).
+  ``churn_min``) is requeued (preempted or moved) per cycle; those whose GPUs the plan needs
+  (for moving, then waiting jobs) go first, then the longest; the others keep their GPUs
+  until a later cycle still finds the change worth its margin and restart cost, and a move
+  that would find no room once the budget has cut is not made (1: no limit).
 - ``churn_min`` (8): jobs a cycle may always requeue, however small the cluster: the share
   bounds checkpoint storms on large clusters (1,600 jobs at 80,000 GPUs), while 2 % of a
   36-GPU cluster would be one job per cycle, and short jobs would queue behind long ones.
@@ -466,16 +469,18 @@ class HeteroSrtfPolicy(Policy):
                 else best / (1.0 + aging * (age if age > 0.0 else 0.0) / solo_best)
             )
             if ftf > 0:
-                past = present_past(job)
                 tmin = fastest.get(ck)
                 if tmin is None:
                     tmin = fastest[ck] = min(t for _, t in times)
                 # Under the cap whatever its share when age + best stays under ftf times its
-                # fastest time (the share is never shorter): the share is not worked out.
+                # fastest time (the share is never shorter): the share is not worked out,
+                # but a job seen for the first time is noted (present_past).
                 if age + best >= ftf * tmin:
-                    iso = fair_share_s(job, age, best, ck, times, k, past)
+                    iso = fair_share_s(job, age, best, ck, times, k, present_past(job))
                     if iso > 0 and (rho := (age + best) / iso) >= ftf:
                         key = -rho
+                elif job.id not in seen_jobs and (history is None or job.id not in history):
+                    seen_jobs[job.id] = (area_now, now, n_jobs)
             return Cand(job, rem, best, key)
 
         unknown_on = self.unknown_lengths == "gittins"
@@ -865,6 +870,7 @@ class HeteroSrtfPolicy(Policy):
                     if c.model is not None:
                         freed[c.model] -= c.gpus
         leaving = movers + leaving
+        moving = {c.job.id for c in leaving if assignment.get(c.job.id) is not None}
         for c in leaving:
             target = assignment.get(c.job.id)
             if target is not None:
@@ -916,9 +922,12 @@ class HeteroSrtfPolicy(Policy):
         # Work conserving: idle GPUs take the next jobs in key order (guests first in order),
         # jobs chosen above whose model had no room for them included (on another model).
         rest = [c for c in pending if c.job.id not in started]
-        rest += [c for c in to_start if c.freed is not None and c.job.id not in started]
+        rest += [c for c in to_start if c.job.id in moving and c.job.id not in started]
         rest += [g for g in guests if not g.pinned]
         rest.sort(key=lambda c: (c.key, c.job.arrival_s, c.job.id))
+        # (model, GPUs) -> the fewest cores a placement found no node for: GPUs and cores
+        # only get fewer as this loop places jobs, so a job asking as many fails too.
+        nofit: dict[tuple[str, int], float] = {}
         if any(f.total() for f in free.values()):
             for c in rest:
                 rem = c.rem
@@ -928,9 +937,15 @@ class HeteroSrtfPolicy(Policy):
                 m = options[0]
                 pl = None
                 if c.running is None:  # the fastest model with room that also has the cores
+                    need = max(1, c.job.cpus)
                     for m in options:
+                        if c.freed is not None:
+                            nofit.clear()  # its old cores come back: anything may fit again
+                        elif nofit.get((m, c.gpus), _INF) <= need:
+                            continue  # as many GPUs with as many cores failed already
                         if (pl := self._place(c, m, free[m], cores)) is not None:
                             break
+                        nofit[(m, c.gpus)] = min(need, nofit.get((m, c.gpus), _INF))
                 else:
                     # A packed job moves to a GPU of its own if that pays the move (sharing is
                     # taken as half speed here) and it fits on one node of the model now.
@@ -946,6 +961,7 @@ class HeteroSrtfPolicy(Policy):
                     if free[m].best_fit(c.gpus, ok) is None:
                         continue
                     self._requeue(c, f"moved to a GPU of its own on {m}", actions, free, gpu_jobs)
+                    nofit.clear()  # what it leaves may fit others again
                     pl = self._place(c, m, free[m], cores)
                 if pl is None:
                     continue

@@ -494,3 +494,30 @@ def test_a_job_its_model_cannot_take_gets_an_idle_gpu_of_another() -> None:
     plan = HeteroSrtfPolicy(pack_threshold=0).schedule(state, random.Random(0))
     placed = {d.placement.job_id: d.placement.node for d in plan.decisions}
     assert placed.get("x") == "v", (placed, plan.waiting)
+
+
+def test_a_job_that_left_its_gpu_to_move_is_not_left_without_one() -> None:
+    # r moves from its K80 (3,600 s left) to the idle V100 (900 s), and w takes the K80; the
+    # V100's node has no core free for r, so r takes the idle P100 (1,350 s) in the same
+    # cycle rather than wait without a GPU.
+    import dataclasses
+
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState, Placement, RunningJob
+
+    r = gjob("r", {"V100": 1000.0, "P100": 1500.0, "K80": 4000.0})
+    w = gjob("w", {"K80": 80_000.0}, arrival=50.0)
+    on_k = {0: GpuState("k", 0, gpu_spec("K80"), SharingMode.EXCLUSIVE, ("r",))}
+    v100 = dataclasses.replace(gpu_node("v", "V100", 1, cores=16), free_cores=0)
+    state = ClusterState(
+        now_s=100.0,
+        nodes=(v100, gpu_node("p", "P100", 1), gpu_node("k", "K80", 1, gpus=on_k)),
+        pending=(w,),
+        running=(
+            RunningJob(r, Placement("r", "k", (0,), SharingMode.EXCLUSIVE, cpus=1), 0.0, 0.1),
+        ),
+    )
+    plan = HeteroSrtfPolicy(pack_threshold=0).schedule(state, random.Random(0))
+    placed = {d.placement.job_id: d.placement.node for d in plan.decisions}
+    assert [a.job_id for a in plan.actions] == ["r"]
+    assert placed == {"r": "p", "w": "k"}, (placed, plan.waiting)
