@@ -35,7 +35,7 @@ def test_srpt_on_one_machine_by_hand() -> None:
 
 
 def test_rounds_delay_the_first_decision() -> None:
-    assert first_round_s(100.0, 360.0) == 720.0 / 2
+    assert first_round_s(100.0, 360.0) == 360.0
     assert first_round_s(720.0, 360.0) == 720.0
     assert first_round_s(100.0, None) == 100.0
 
