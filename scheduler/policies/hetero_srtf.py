@@ -395,21 +395,30 @@ class HeteroSrtfPolicy(Policy):
         # current model, gang): jobs of one profile share them within a cycle.
         solo_times: dict[tuple[int, int, float, str | None, bool], list[tuple[str, float]]] = {}
         isolated: dict[tuple[tuple[int, int, float, str | None, bool], int], float] = {}
-        fastest: dict[tuple[int, int, float, str | None, bool], float] = {}
+        fastest_of: dict[tuple[int, int, float, str | None, bool], float] = {}  # ck -> min time
         aging = self.aging
 
         history = state.present_job_s
 
-        def present_past(job: JobSpec) -> float:
-            """Job-seconds present from the job's arrival to now: the live loop's count from
-            the job history, else this policy's own (before the job was first seen, the count
-            then; a job seen for the first time is noted now)."""
+        def sighting(job: JobSpec) -> tuple[float, float, int] | None:
+            """This policy's record of when it first saw the job (area, time, count then),
+            noted now if it is new; None where the live loop's job history counts it."""
             if history is not None and job.id in history:
-                return history[job.id]
+                return None
             seen = seen_jobs.get(job.id)
             if seen is None:
                 seen = seen_jobs[job.id] = (area_now, now, n_jobs)
-            return area_now - seen[0] + seen[2] * max(0.0, seen[1] - job.arrival_s)
+            return seen
+
+        def present_past(job: JobSpec) -> float:
+            """Job-seconds present from the job's arrival to now: the live loop's count from
+            the job history, else this policy's own (before the job was first seen, the count
+            then)."""
+            seen = sighting(job)
+            if seen is not None:
+                return area_now - seen[0] + seen[2] * max(0.0, seen[1] - job.arrival_s)
+            assert history is not None  # sighting found the job there
+            return history[job.id]
 
         def fair_share_s(
             job: JobSpec, age: float, best: float, ck: Any, times: Any, k: int, past: float
@@ -469,18 +478,18 @@ class HeteroSrtfPolicy(Policy):
                 else best / (1.0 + aging * (age if age > 0.0 else 0.0) / solo_best)
             )
             if ftf > 0:
-                tmin = fastest.get(ck)
+                tmin = fastest_of.get(ck)
                 if tmin is None:
-                    tmin = fastest[ck] = min(t for _, t in times)
+                    tmin = fastest_of[ck] = min(t for _, t in times)
                 # Under the cap whatever its share when age + best stays under ftf times its
                 # fastest time (the share is never shorter): the share is not worked out,
-                # but a job seen for the first time is noted (present_past).
+                # but a job seen for the first time is noted.
                 if age + best >= ftf * tmin:
                     iso = fair_share_s(job, age, best, ck, times, k, present_past(job))
                     if iso > 0 and (rho := (age + best) / iso) >= ftf:
                         key = -rho
-                elif job.id not in seen_jobs and (history is None or job.id not in history):
-                    seen_jobs[job.id] = (area_now, now, n_jobs)
+                else:
+                    sighting(job)
             return Cand(job, rem, best, key)
 
         unknown_on = self.unknown_lengths == "gittins"
@@ -934,7 +943,6 @@ class HeteroSrtfPolicy(Policy):
                 options = [m for m in sorted(rem, key=rem.__getitem__) if free[m].total() >= c.gpus]
                 if not options:
                     continue
-                m = options[0]
                 pl = None
                 if c.running is None:  # the fastest model with room that also has the cores
                     need = max(1, c.job.cpus)
@@ -947,6 +955,7 @@ class HeteroSrtfPolicy(Policy):
                             break
                         nofit[(m, c.gpus)] = min(need, nofit.get((m, c.gpus), _INF))
                 else:
+                    m = options[0]
                     # A packed job moves to a GPU of its own if that pays the move (sharing is
                     # taken as half speed here) and it fits on one node of the model now.
                     shared_rem = c.rem.get(c.model or "", _INF) * 2
