@@ -477,20 +477,31 @@ class HeteroSrtfPolicy(Policy):
                 if solo_best <= 0
                 else best / (1.0 + aging * (age if age > 0.0 else 0.0) / solo_best)
             )
+            over: frozenset[str] | None = None
             if ftf > 0:
                 tmin = fastest_of.get(ck)
                 if tmin is None:
                     tmin = fastest_of[ck] = min(t for _, t in times)
-                # Under the cap whatever its share when age + best stays under ftf times its
-                # fastest time (the share is never shorter): the share is not worked out,
-                # but a job seen for the first time is noted.
-                if age + best >= ftf * tmin:
+                worst = max(rem.values()) if len(rem) > 1 else best
+                # Under the cap on every model whatever its share when age + its slowest
+                # remaining time stays under ftf times its fastest time (the share is never
+                # shorter): the share is not worked out, but a job seen for the first time is
+                # noted.
+                if age + worst >= ftf * tmin:
                     iso = fair_share_s(job, age, best, ck, times, k, present_past(job))
-                    if iso > 0 and (rho := (age + best) / iso) >= ftf:
-                        key = -rho
+                    if iso > 0:
+                        if (rho := (age + best) / iso) >= ftf:
+                            key = -rho  # over the cap even on its fastest model
+                        elif worst > (lim := ftf * iso - age):
+                            # Under the cap on its fastest model, over it were it to run on
+                            # these to the end: the assignment keeps it off them if it can.
+                            over = frozenset(m for m, r in rem.items() if r > lim)
                 else:
                     sighting(job)
-            return Cand(job, rem, best, key)
+            c = Cand(job, rem, best, key)
+            if over is not None:
+                c.over_cap = over
+            return c
 
         unknown_on = self.unknown_lengths == "gittins"
         attained = state.attained_s

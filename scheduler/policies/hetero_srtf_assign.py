@@ -38,6 +38,9 @@ class Cand:
     # estimated (said in its decision); None and "" for a job of known length.
     attained: float | None = None
     note: str = ""
+    # Models where the job would finish over the finish-time-fairness cap were it to run
+    # there to the end (while under it on its fastest model): each costs OVER_CAP_COST more.
+    over_cap: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         self.gpus = g if (g := self.job.gpus) > 1 else 1  # max(1, gpus)
@@ -51,8 +54,17 @@ class Cand:
             if self.pinned:
                 return _INF
             r += self.move_cost + self.stay_bonus
-        return r / self.best if self.best > 0 else 1.0
+        cost = r / self.best if self.best > 0 else 1.0
+        if self.over_cap and model in self.over_cap:
+            cost += OVER_CAP_COST
+        return cost
 
+
+#: What a model where a job would end over the finish-time-fairness cap adds to its relative
+#: cost (``Cand.over_cap``): more than any slowdown, so the greedy pass gives the job another
+#: model with room and a swap takes it off such a model whenever its partner is not over the
+#: cap there; between two jobs over the cap on the same model the slowdowns decide.
+OVER_CAP_COST = 1e3
 
 #: From this many candidates on, the swaps read the costs from one array (numpy) instead of
 #: walking the candidates in Python; the two give the same assignment (tested), the array
@@ -63,9 +75,18 @@ VECTOR_FROM = 2048
 def _cost_row(c: Cand, models: Sequence[str]) -> list[float]:
     """``[c.cost(m) for m in models]``, the same arithmetic written out as comprehensions
     (called once per candidate and cycle, ~30,000 times on the largest benchmark)."""
-    rem, best = c.rem, c.best
-    if best <= 0:
+    if c.best <= 0:
         return [c.cost(m) for m in models]
+    over = c.over_cap
+    if over:
+        row = _cost_row_alone(c, models)
+        return [x + OVER_CAP_COST if m in over else x for x, m in zip(row, models, strict=True)]
+    return _cost_row_alone(c, models)
+
+
+def _cost_row_alone(c: Cand, models: Sequence[str]) -> list[float]:
+    """``_cost_row`` of a job with ``best`` > 0, without ``over_cap``."""
+    rem, best = c.rem, c.best
     if c.running is None:
         return [_INF if (r := rem.get(m)) is None else r / best for m in models]
     here = c.model

@@ -521,3 +521,27 @@ def test_a_job_that_left_its_gpu_to_move_is_not_left_without_one() -> None:
     placed = {d.placement.job_id: d.placement.node for d in plan.decisions}
     assert [a.job_id for a in plan.actions] == ["r"]
     assert placed == {"r": "p", "w": "k"}, (placed, plan.waiting)
+
+
+def test_a_job_is_kept_off_a_model_where_it_would_end_over_the_ftf_cap() -> None:
+    # Two jobs present, a V100 and a K80 free. x (1,000 s on the V100, 2,500 on the K80) has
+    # waited 1,000 s: its fair share (half of each GPU) takes 1 / (0.5/1000 + 0.5/2500) =
+    # 1,429 s, and 1,000 + 2,500 on the K80 would end it at a ratio of 2.45, over the cap of
+    # 2 (1.4 on the V100). y (2,900 on the K80) has just arrived: 2,900 / 1,487 = 1.95 on the
+    # K80. The total relative cost alone puts x on the K80 (2.5 + 1 against 1 + 2.9); with
+    # the cap, x takes the V100 and y the K80.
+    state = ClusterState(
+        now_s=1000.0,
+        nodes=(gpu_node("v", "V100", 1), gpu_node("k", "K80", 1)),
+        pending=(
+            gjob("x", {"V100": 1000.0, "K80": 2500.0}, arrival=0.0),
+            gjob("y", {"V100": 1000.0, "K80": 2900.0}, arrival=1000.0),
+        ),
+    )
+    settings = {"aging": 0.0, "pack_threshold": 0}
+    plan = HeteroSrtfPolicy(**settings).schedule(state, random.Random(0))
+    placed = {d.placement.job_id: d.placement.node for d in plan.decisions}
+    assert placed == {"x": "v", "y": "k"}
+    plain = HeteroSrtfPolicy(ftf_cap=0, **settings).schedule(state, random.Random(0))
+    placed = {d.placement.job_id: d.placement.node for d in plain.decisions}
+    assert placed == {"x": "k", "y": "v"}
