@@ -103,12 +103,15 @@ class Knowledge:
         )
         # job id -> (type, owner): to pool a job's windows by type
         self._who: dict[str, tuple[str, str | None]] = {}
-        # (type, model, spread) -> ids of jobs of that type with solo windows there
-        self._by_type: dict[tuple[str, str | None, bool], set[str]] = defaultdict(set)
-        # (model, mode, co-runner types, type) -> ids of jobs with such co-run windows
+        # (type, model, spread) -> ids of jobs of that type with solo windows there. Ids are
+        # dict keys (in the order first seen), not a set: estimates sum over them, and a set's
+        # order of strings changes with each process's hash seed, so the last bits of a sum
+        # (and, through an LP's tie-breaks, a peer's plans) would differ between runs.
+        self._by_type: dict[tuple[str, str | None, bool], dict[str, None]] = defaultdict(dict)
+        # (model, mode, co-runner types, type) -> ids of jobs with such co-run windows (same)
         self._corun_by_type: dict[
-            tuple[str | None, SharingMode, tuple[str, ...], str], set[str]
-        ] = defaultdict(set)
+            tuple[str | None, SharingMode, tuple[str, ...], str], dict[str, None]
+        ] = defaultdict(dict)
         # (type, owner or None) -> completed run times (s)
         self._durations: dict[tuple[str, str | None], list[float]] = defaultdict(list)
         self._all_durations: list[float] = []  # every completed run time, in order
@@ -147,11 +150,11 @@ class Knowledge:
             return
         if obs.alone and obs.mode is not SharingMode.MIG:
             self._solo[(obs.job_id, obs.gpu_model, obs.spread)].add(done, obs.window_s, reports)
-            self._by_type[(obs.job_type, obs.gpu_model, obs.spread)].add(obs.job_id)
+            self._by_type[(obs.job_type, obs.gpu_model, obs.spread)][obs.job_id] = None
         elif not obs.alone:
             co = tuple(sorted(set(obs.co_runners)))
             self._corun[(obs.job_id, obs.gpu_model, obs.mode, co)].add(done, obs.window_s, reports)
-            self._corun_by_type[(obs.gpu_model, obs.mode, co, obs.job_type)].add(obs.job_id)
+            self._corun_by_type[(obs.gpu_model, obs.mode, co, obs.job_type)][obs.job_id] = None
             self._corun_jobs.add(obs.job_id)
 
     def observe_all(self, observations: Sequence[Observation]) -> None:
@@ -329,9 +332,9 @@ class Knowledge:
         others = tuple(sorted({c.type_key() for c in co_runners}))
         key_type = job.type_key()
         ratios: list[float] = []
-        ids = set(self._corun_by_type.get((gpu_model, mode, others, key_type), ()))
+        ids = dict(self._corun_by_type.get((gpu_model, mode, others, key_type), {}))
         if (job.id, gpu_model, mode, others) in self._corun:
-            ids.add(job.id)
+            ids[job.id] = None
         for jid in ids:
             r = self._corun.get((jid, gpu_model, mode, others))
             if r is None or r.rate is None:
