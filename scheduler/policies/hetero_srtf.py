@@ -90,7 +90,9 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
 - ``ftf_cap`` (2): finish-time-fairness cap; jobs predicted at or above it go first, keep the
   model the greedy assignment gives them (no swap sends them to a slower one), and each
   waiting one may take one running job's GPUs beyond the churn budget; running ones over it
-  that move leave first within the budget (0: off). 2 is issue 24's bound.
+  that move leave first within the budget; a job under it on its fastest model but over it
+  on a slower one, were it to run there to the end, is kept off that one in the assignment
+  if another job can take it (``OVER_CAP_COST``) (0: off). 2 is issue 24's bound.
 - ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
 - ``churn_budget`` (0.02): at most this share of the running jobs (and at least
   ``churn_min``) is requeued (preempted or moved) per cycle; those whose GPUs the plan needs
