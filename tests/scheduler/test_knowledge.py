@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -137,11 +141,6 @@ def test_estimates_are_the_same_whatever_the_processs_hash_seed():
     # Estimates pool the windows of many jobs of a type: summed in a set's order, which for
     # strings changes with PYTHONHASHSEED, their last bits differed between runs, and a
     # peer's LP broke its ties differently (gavel_ftf's Philly median moved between runs).
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2]
     outs = set()
     for seed in ("1", "2", "3"):
