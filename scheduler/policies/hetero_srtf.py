@@ -396,7 +396,9 @@ class HeteroSrtfPolicy(Policy):
         # Solo times per model that a job may use, per (profile object, GPU count, memory need,
         # current model, gang): jobs of one profile share them within a cycle.
         solo_times: dict[tuple[int, int, float, str | None, bool], list[tuple[str, float]]] = {}
-        isolated: dict[tuple[tuple[int, int, float, str | None, bool], int], float] = {}
+        # ck -> (sum over its models of count / solo time, its fastest solo time): the two
+        # numbers ``isolated_time_s`` reads from a job's times, for every n.
+        share_rates: dict[tuple[int, int, float, str | None, bool], tuple[float, float]] = {}
         fastest_of: dict[tuple[int, int, float, str | None, bool], float] = {}  # ck -> min time
         aging = self.aging
 
@@ -434,13 +436,19 @@ class HeteroSrtfPolicy(Policy):
             (None: not cached)."""
             life = max(0.0, age) + best
             mean_n = (past + n_jobs * best) / life if life > 0 else float(n_jobs)
-            ik = (ck, max(1, round(mean_n)))
-            iso = isolated.get(ik) if ck is not None else None
-            if iso is None:  # jobs of one profile and count share it within a cycle
-                iso = isolated_time_s(dict(times), counts, k, ik[1])
-                if ck is not None:
-                    isolated[ik] = iso
-            return iso
+            n = max(1, round(mean_n))
+            if ck is None:
+                return isolated_time_s(dict(times), counts, k, n)
+            # isolated_time_s, written out with its two sums kept per ck (jobs of one
+            # profile and count share them within a cycle): the same arithmetic.
+            rb = share_rates.get(ck)
+            if rb is None:
+                rate = sum(counts.get(m, 0) / t for m, t in times if t > 0)
+                rb = share_rates[ck] = (rate, min((t for _, t in times), default=0.0))
+            rate, fastest = rb
+            if rate <= 0 or not times:
+                return _INF
+            return max(fastest, n * k / rate)
 
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
             if job.container:
@@ -500,10 +508,7 @@ class HeteroSrtfPolicy(Policy):
                             over = frozenset(m for m, r in rem.items() if r > lim)
                 else:
                     sighting(job)
-            c = Cand(job, rem, best, key)
-            if over is not None:
-                c.over_cap = over
-            return c
+            return Cand(job, rem, best, key, over_cap=over)
 
         unknown_on = self.unknown_lengths == "gittins"
         attained = state.attained_s
