@@ -396,13 +396,20 @@ class HeteroSrtfPolicy(Policy):
         # Solo times per model that a job may use, per (profile object, GPU count, memory need,
         # current model, gang): jobs of one profile share them within a cycle.
         solo_times: dict[tuple[int, int, float, str | None, bool], list[tuple[str, float]]] = {}
-        # ck -> (sum over its models of count / solo time, its fastest solo time): the two
-        # numbers ``isolated_time_s`` reads from a job's times, for every n.
-        share_rates: dict[tuple[int, int, float, str | None, bool], tuple[float, float]] = {}
+        # ck -> sum over its models of count / solo time: with the fastest time, what
+        # ``isolated_time_s`` reads from a job's times, for every n.
+        share_rates: dict[tuple[int, int, float, str | None, bool], float] = {}
         fastest_of: dict[tuple[int, int, float, str | None, bool], float] = {}  # ck -> min time
         aging = self.aging
 
         history = state.present_job_s
+
+        def fastest_time(ck: Any, times: list[tuple[str, float]]) -> float:
+            """The fastest of ``times`` (non-empty), kept per ck."""
+            t = fastest_of.get(ck)
+            if t is None:
+                t = fastest_of[ck] = min(t for _, t in times)
+            return t
 
         def sighting(job: JobSpec) -> tuple[float, float, int] | None:
             """This policy's record of when it first saw the job (area, time, count then),
@@ -439,16 +446,14 @@ class HeteroSrtfPolicy(Policy):
             n = max(1, round(mean_n))
             if ck is None:
                 return isolated_time_s(dict(times), counts, k, n)
-            # isolated_time_s, written out with its two sums kept per ck (jobs of one
-            # profile and count share them within a cycle): the same arithmetic.
-            rb = share_rates.get(ck)
-            if rb is None:
-                rate = sum(counts.get(m, 0) / t for m, t in times if t > 0)
-                rb = share_rates[ck] = (rate, min((t for _, t in times), default=0.0))
-            rate, fastest = rb
+            # isolated_time_s, written out with its sum kept per ck (jobs of one profile and
+            # count share it within a cycle): the same arithmetic.
+            rate = share_rates.get(ck)
+            if rate is None:
+                rate = share_rates[ck] = sum(counts.get(m, 0) / t for m, t in times if t > 0)
             if rate <= 0 or not times:
                 return _INF
-            return max(fastest, n * k / rate)
+            return max(fastest_time(ck, times), n * k / rate)
 
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
             if job.container:
@@ -489,9 +494,7 @@ class HeteroSrtfPolicy(Policy):
             )
             over: frozenset[str] | None = None
             if ftf > 0:
-                tmin = fastest_of.get(ck)
-                if tmin is None:
-                    tmin = fastest_of[ck] = min(t for _, t in times)
+                tmin = fastest_time(ck, times)
                 worst = max(rem.values()) if len(rem) > 1 else best
                 # Under the cap on every model whatever its share when age + its slowest
                 # remaining time stays under ftf times its fastest time (the share is never
@@ -964,10 +967,10 @@ class HeteroSrtfPolicy(Policy):
                 pl = None
                 if c.running is None:  # the fastest model with room that also has the cores
                     need = max(1, c.job.cpus)
+                    if c.freed is not None:
+                        nofit.clear()  # its old cores came back: anything may fit again
                     for m in options:
-                        if c.freed is not None:
-                            nofit.clear()  # its old cores come back: anything may fit again
-                        elif nofit.get((m, c.gpus), _INF) <= need:
+                        if nofit.get((m, c.gpus), _INF) <= need:
                             continue  # as many GPUs with as many cores failed already
                         if (pl := self._place(c, m, free[m], cores)) is not None:
                             break
