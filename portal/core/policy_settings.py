@@ -198,10 +198,18 @@ _KNOWN: dict[str, ParamSpec] = {
         ParamSpec(
             "pack_threshold",
             FLOAT,
-            "hetero_srtf: pack two jobs on a GPU under MPS when their measured pair throughput "
+            "hetero_srtf: pack two jobs on a GPU under MPS when their estimated pair throughput "
             "reaches this many jobs' worth (0: never)",
             0,
             2,
+        ),
+        ParamSpec(
+            "pack_sigmas",
+            FLOAT,
+            "hetero_srtf: packing takes each job's estimated co-run speed this many standard "
+            "deviations below the estimate (0: the estimate itself)",
+            0,
+            5,
         ),
         ParamSpec(
             "ftf_cap",

@@ -51,8 +51,12 @@ from the simulator's truth:
    table: ``MeasuredInterference.measured_pair``; unmeasured pairs are never packed) is at least
    the threshold; the best such pair first. With a ``ClusterState.knowledge`` the norms are
    its ``co_run_speed`` estimates (a noisy pair prior, refined by measured co-runs; no
-   estimate, no packing: multi-GPU pairs have none until measured). A packed job (the one
-   that joined) moves to a GPU of its own when one is free, if its preemption bound allows.
+   estimate, no packing: multi-GPU pairs have none until measured), each taken
+   ``pack_sigmas`` standard deviations below its central value (``exp(-k sigma)`` times
+   it): a pair is packed on what it yields unless the estimate is too high by more than its
+   own spread, so a pair known only from its prior needs a clear margin and a measured one
+   little. A packed job (the one that joined) moves to a GPU of its own when one is free, if
+   its preemption bound allows.
 
 7. **Jobs of unknown length** (no profile, or ``JobSpec.length_known`` False; with
    ``unknown_lengths`` = ``gittins``): their remaining time is the Gittins index's ``1 / G``
@@ -87,6 +91,10 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
   (0: the count alone).
 - ``pack_threshold`` (1.2): pack two jobs on a GPU when their estimated pair throughput
   reaches this many jobs' worth (0: never pack).
+- ``pack_sigmas`` (1): how cautious packing is: each job's co-run speed is taken this many
+  standard deviations of its estimate below the estimate (0: the central estimate). Among
+  many candidate pairs the best-looking ones are those whose estimates erred upwards; one
+  standard deviation is the usual lower bound, not a value fitted to a trace.
 - ``ftf_cap`` (2): finish-time-fairness cap; jobs predicted at or above it go first, keep the
   model the greedy assignment gives them (no swap sends them to a slower one), and each
   waiting one may take one running job's GPUs beyond the churn budget; running ones over it
@@ -233,6 +241,7 @@ class HeteroSrtfPolicy(Policy):
         "preempt_margin": 0.1,
         "max_preemptions": 100,
         "pack_threshold": 1.2,
+        "pack_sigmas": 1.0,
         "ftf_cap": 2.0,
         "tick_s": 0.0,
         "replan_limit": 512,
@@ -253,6 +262,7 @@ class HeteroSrtfPolicy(Policy):
             self.margin = float(p["preempt_margin"])
             self.max_preemptions = int(p["max_preemptions"])
             self.pack_threshold = float(p["pack_threshold"])
+            self.pack_sigmas = float(p["pack_sigmas"])
             self.ftf_cap = float(p["ftf_cap"])
             tick = float(p["tick_s"])
             self.replan_limit = int(p["replan_limit"])
@@ -269,6 +279,7 @@ class HeteroSrtfPolicy(Policy):
             ("preempt_margin", 0 <= self.margin < 1),
             ("max_preemptions", 0 <= self.max_preemptions <= 10_000),
             ("pack_threshold", 0 <= self.pack_threshold <= 2),
+            ("pack_sigmas", 0 <= self.pack_sigmas <= 5),
             ("ftf_cap", 0 <= self.ftf_cap <= 1e6),
             ("tick_s", 0 <= tick <= 1e7),
             ("replan_limit", 0 <= self.replan_limit <= 10_000_000),
@@ -313,8 +324,9 @@ class HeteroSrtfPolicy(Policy):
 
     def _pair_norms(self, a: JobSpec, b: JobSpec, spec: GpuSpec) -> tuple[float, float] | None:
         """(norm of a, norm of b) next to each other on ``spec``: the knowledge's co-run
-        speeds (pair prior, then measured co-runs); without one in the state, a knowledge
-        with the Gavel table as its prior (``scheduler.knowledge.priors.table_pair_prior``)."""
+        speeds (pair prior, then measured co-runs), each ``pack_sigmas`` standard deviations
+        below its estimate and at most 1; without a knowledge in the state, one with the Gavel
+        table as its prior (``scheduler.knowledge.priors.table_pair_prior``)."""
         knowledge = self._knowledge
         if knowledge is None:
             if self._pairs is None:
@@ -324,7 +336,17 @@ class HeteroSrtfPolicy(Policy):
         eb = knowledge.co_run_speed(b, spec.model, (a,), SharingMode.MPS)
         if ea is None or eb is None or ea.value <= 0 or eb.value <= 0:
             return None
-        return min(1.0, ea.value), min(1.0, eb.value)
+        k = self.pack_sigmas
+        return min(1.0, ea.value * math.exp(-k * ea.sigma)), min(
+            1.0, eb.value * math.exp(-k * eb.sigma)
+        )
+
+    def _pack_basis(self) -> str:
+        """How ``_pair_norms`` takes the speeds, for the packing decisions' explanation."""
+        k = self.pack_sigmas
+        if k == 0:
+            return "central estimate"
+        return f"{k:g} standard deviation{'' if k == 1 else 's'} below the estimate"
 
     def _churn_allowance(self, running: int) -> int:
         """Jobs that may leave their GPUs this cycle: ``churn_budget`` of the running jobs, and
@@ -1018,6 +1040,7 @@ class HeteroSrtfPolicy(Policy):
                 fixed=(kept_hosts, fixed_hosts),
                 threshold=self.pack_threshold,
                 policy=self.name,
+                basis=self._pack_basis(),
             )
         for c in pending:
             if c.job.id in started or c.job.id in waiting:

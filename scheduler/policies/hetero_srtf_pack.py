@@ -130,11 +130,13 @@ def pack_waiting(
     pair_norms: Callable[[JobSpec, JobSpec, GpuSpec], tuple[float, float] | None],
     threshold: float,
     policy: str,
+    basis: str = "estimated",
     shared: set[tuple[str, int]] | None = None,
     fixed: tuple[int, Mapping[GroupKey, Sequence[tuple[Placement, Any]]]] | None = None,
 ) -> None:
     """Step 6 of ``scheduler.policies.hetero_srtf``: waiting jobs join single-job GPUs (best
-    pair); ``pair_norms`` gives the two jobs' co-run speeds on a model (None: not packed).
+    pair); ``pair_norms`` gives the two jobs' co-run speeds on a model (None: not packed),
+    ``basis`` says in the decision how they were taken.
     ``shared``: the keys of ``gpu_jobs`` with more than one job, when the caller knows them.
     ``fixed``: (position, groups): more hosts, which come at that position of ``hosts``,
     already filed by (GPU count, model, job type, owner): each a (placement, running job) of
@@ -284,8 +286,8 @@ def pack_waiting(
             Decision(
                 pl,
                 policy,
-                f"packed next to job {h.job.id} on {m} under MPS: estimated pair throughput "
-                f"{value:.2f} jobs' worth (measured pair) >= {threshold:.2f}; "
+                f"packed next to job {h.job.id} on {m} under MPS: pair throughput "
+                f"{value:.2f} jobs' worth ({basis}) >= {threshold:.2f}; "
                 f"key {fmt_h(c.key)}",
                 score=c.key,
             )

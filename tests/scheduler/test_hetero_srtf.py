@@ -128,6 +128,9 @@ def test_aging_prevents_starvation_behind_a_stream_of_short_jobs() -> None:
 
 
 def test_measured_pairs_are_packed_above_the_threshold_only() -> None:
+    # The simulator's knowledge starts from the Gavel table (exact here: no pair noise), with
+    # the smallest spread it gives a prior (sigma 0.05): the policy packs on the pair's
+    # throughput one standard deviation below the estimate.
     table = MeasuredInterference()
     spec = gpu_node("v", "V100", 1).gpus[0].spec
     a_type, b_type = "ResNet-18 (batch size 16)", "ResNet-18 (batch size 64)"
@@ -136,18 +139,77 @@ def test_measured_pairs_are_packed_above_the_threshold_only() -> None:
     s_a, s_b = table.measured_pair(a, b, spec), table.measured_pair(b, a, spec)
     assert s_a is not None and s_b is not None
     value = 1 / s_a + 1 / s_b  # 2.0 for this pair (measured at solo speed on V100)
-    for threshold, packed in ((value - 0.05, True), (0.0, False)):
+    low = value * math.exp(-0.05)  # 1.90
+    for threshold, sigmas, packed in (
+        (low - 0.05, 1.0, True),
+        (low + 0.05, 1.0, False),  # the central estimate would pass, the cautious one not
+        (low + 0.05, 0.0, True),
+        (0.0, 1.0, False),
+    ):
         res = simulate(
             one_gpu(),
             [a, b],
-            HeteroSrtfPolicy(**{"pack_threshold": threshold}),
+            HeteroSrtfPolicy(pack_threshold=threshold, pack_sigmas=sigmas),
             interference=table,
         )
         rec = {r.job_id: r for r in res.jobs}
         both_at_once = rec["b"].start_s == pytest.approx(0.0)
-        assert both_at_once is packed
+        assert both_at_once is packed, (threshold, sigmas)
         if packed:
             assert rec["b"].mode == "mps" and "packed next to job a" in rec["b"].explanation
+            assert "standard deviation below" in rec["b"].explanation or sigmas == 0
+
+
+def test_a_pair_known_only_from_its_prior_needs_a_margin_a_measured_one_does_not() -> None:
+    from scheduler.knowledge import Knowledge, Observation, ObservationKind
+
+    host = gjob("a", {"V100": 1000.0}, job_type="ta")
+    joiner = gjob("b", {"V100": 2000.0}, job_type="tb")
+    state = ClusterState(
+        now_s=5.0,
+        nodes=(gpu_node("v", "V100", 1, gpus={0: _busy("v", "a")}),),
+        pending=(joiner,),
+        running=(_running(host, "v"),),
+    )
+
+    def knowledge(measured: bool) -> Knowledge:
+        # The prior holds that each runs at 0.8 of its solo speed beside the other (1.6
+        # jobs' worth, sigma 0.3: 1.19 one standard deviation down).
+        k = Knowledge(pair_prior=lambda job, co, model, mode: 0.8, pair_prior_sigma=0.3)
+        if measured:  # earlier jobs of both types ran alone and beside each other at 0.8
+            for i in range(4):
+                for own, other in (("ta", "tb"), ("tb", "ta")):
+                    jid = f"{own}{i}"
+                    for start, frac, co, mode in (
+                        (0.0, 0.1, (), SharingMode.EXCLUSIVE),
+                        (0.1, 0.08, (other,), SharingMode.MPS),
+                    ):
+                        k.observe(
+                            Observation(
+                                ObservationKind.PROGRESS,
+                                jid,
+                                own,
+                                at_s=100.0,
+                                window_s=100.0,
+                                gpu_model="V100",
+                                mode=mode,
+                                co_runners=co,
+                                progress_from=start,
+                                progress_to=start + frac,
+                            )
+                        )
+        return k
+
+    def packed(measured: bool, sigmas: float) -> bool:
+        policy = HeteroSrtfPolicy(pack_threshold=1.4, pack_sigmas=sigmas)
+        plan = policy.schedule(replace(state, knowledge=knowledge(measured)), random.Random(0))
+        placed = [d for d in plan.decisions if d.placement.job_id == "b"]
+        assert not plan.actions  # the host is shorter: nobody is preempted
+        return bool(placed) and placed[0].placement.mode == SharingMode.MPS
+
+    assert packed(measured=False, sigmas=0.0)  # 1.6 >= 1.4 on the central estimate
+    assert not packed(measured=False, sigmas=1.0)  # 1.19 < 1.4: the prior alone is too unsure
+    assert packed(measured=True, sigmas=1.0)  # measured at 0.8 each: the spread is small
 
 
 def test_preemption_actions_name_their_reason_and_are_counted() -> None:
