@@ -13,7 +13,8 @@ its fair share. Times are the simulator's (true) solo times, not a policy's esti
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 
 from scheduler.domain import JobSpec
 from scheduler.policies.hetero_srtf import isolated_time_s
@@ -45,15 +46,16 @@ def _integral(times: list[float], area: list[float], result: SimResult, t: float
     return area[i] + n * (t - times[i])
 
 
-def ftf_ratios(
+def _isolated(
     result: SimResult, jobs: Sequence[JobSpec], gpu_counts: Mapping[str, int]
-) -> dict[str, float]:
-    """Job id -> rho for every completed job of ``result`` (``jobs``: the true specs)."""
+) -> Iterator[tuple[str, float, JobSpec, dict[str, float], float]]:
+    """(job id, JCT, true spec, solo times on the cluster's models, isolated JCT) of every
+    completed job with a profile and a finite isolated time."""
     by_id = {j.id: j for j in jobs}
     times, area = jobs_present(result)
-    out = {}
     for rec in result.jobs:
-        if rec.finish_s is None or rec.jct_s is None or rec.jct_s <= 0:
+        jct = rec.jct_s
+        if rec.finish_s is None or jct is None or jct <= 0:
             continue
         spec = by_id.get(rec.job_id)
         if spec is None or spec.profile is None:
@@ -66,5 +68,35 @@ def ftf_ratios(
         solo = {m: t for m, t in spec.profile.gpu_time_s.items() if m in gpu_counts}
         iso = isolated_time_s(solo, gpu_counts, spec.gpus, max(1, round(n)))
         if iso > 0 and iso != float("inf"):
-            out[rec.job_id] = rec.jct_s / iso
+            yield rec.job_id, jct, spec, solo, iso
+
+
+def ftf_ratios(
+    result: SimResult, jobs: Sequence[JobSpec], gpu_counts: Mapping[str, int]
+) -> dict[str, float]:
+    """Job id -> rho for every completed job of ``result`` (``jobs``: the true specs)."""
+    return {jid: jct / iso for jid, jct, _, _, iso in _isolated(result, jobs, gpu_counts)}
+
+
+def round_wait_floors(
+    result: SimResult,
+    jobs: Sequence[JobSpec],
+    gpu_counts: Mapping[str, int],
+    round_s: float | None,
+) -> dict[str, float]:
+    """Job id -> the smallest rho the job could have had in this run, for every job
+    ``ftf_ratios`` rates: its wait for the first decision round at or after its arrival (the
+    engine decides at multiples of ``round_s``; None or 0: at once) plus its fastest true solo
+    time, over its isolated JCT in this run (the same ``n``: the jobs present as this run had
+    them). No placement does better: the job cannot start before that round, nor run faster
+    than alone on its fastest model (a multi-GPU job spread over nodes or a shared GPU is
+    slower). Where a run's largest ratio sits at its job's floor, the rounds, not the policy's
+    choices, made it."""
+    out = {}
+    for jid, _, spec, solo, iso in _isolated(result, jobs, gpu_counts):
+        fastest = min((t for t in solo.values() if t > 0), default=0.0)
+        wait = 0.0
+        if round_s:
+            wait = math.ceil(spec.arrival_s / round_s) * round_s - spec.arrival_s
+        out[jid] = (wait + fastest) / iso
     return out

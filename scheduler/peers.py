@@ -32,7 +32,11 @@ Every policy runs on the same traces, cluster and settings, once per seed ``0..N
   table, the average JCT that no policy can beat on that trace with those rounds
   (``scheduler.jct_bound``, from the true lengths), and its ratio to the best peer's: a goal
   such as 0.90x the best peer is out of reach where that ratio is above it. The column
-  ``jct/bound`` gives each policy's median over the bound's.
+  ``jct/bound`` gives each policy's median over the bound's; ``ftf_floor`` the median over
+  the seeds of the largest ratio the decision rounds alone force in each run (a job that
+  waits for the first round after its arrival and then runs alone on its fastest model,
+  with that run's count of jobs present: ``scheduler.ftf.round_wait_floors``): where a
+  policy's ``max_ftf`` equals it, no placement could have lowered that job's ratio.
 
 ``--quick``: the three 100-job traces and 3 seeds (unless ``--traces`` / ``--seeds`` say
 otherwise). Progress goes to stderr; ``--out`` writes the summary CSV and, beside it,
@@ -79,6 +83,8 @@ TRACES: dict[str, TraceDef] = {
 }
 QUICK_TRACES = ("light", "contended", "burst")
 METRICS = ("avg_jct_s", "p99_jct_s", "makespan_s", "max_ftf")
+#: The largest finish-time-fairness ratio the decision rounds alone force in a run.
+FLOOR = "max_ftf_floor"
 
 
 def trace_jobs(trace: TraceDef, scenario_jobs: Sequence[JobSpec], seed: int) -> list[JobSpec]:
@@ -120,15 +126,20 @@ def policy_params(name: str, round_s: float, restart_s: float) -> dict[str, Any]
 
 
 def run_metrics(
-    result: Any, true_jobs: Sequence[JobSpec], counts: Mapping[str, int]
+    result: Any,
+    true_jobs: Sequence[JobSpec],
+    counts: Mapping[str, int],
+    round_s: float | None = None,
 ) -> dict[str, Any]:
-    """The comparison's figures of one run."""
-    from scheduler.ftf import ftf_ratios
+    """The comparison's figures of one run; ``max_ftf_floor``: the largest ratio the
+    decision rounds alone force in this run (``scheduler.ftf.round_wait_floors``)."""
+    from scheduler.ftf import ftf_ratios, round_wait_floors
     from scheduler.metrics import summarize
 
     row = summarize(result)
     jcts = [r.jct_s for r in result.jobs if r.finish_s is not None and r.jct_s is not None]
     ratios = ftf_ratios(result, true_jobs, counts)
+    floors = round_wait_floors(result, true_jobs, counts, round_s)
     return {
         "jobs": int(row["jobs"]),
         "completed": int(row["completed"]),
@@ -137,6 +148,7 @@ def run_metrics(
         "p99_jct_s": float(np.percentile(jcts, 99)) if jcts else math.nan,
         "makespan_s": float(row["makespan_s"]),
         "max_ftf": max(ratios.values()) if ratios else math.nan,
+        "max_ftf_floor": max(floors.values()) if floors else math.nan,
         "wall_s": float(row["wall_s"]),
     }
 
@@ -202,7 +214,7 @@ def run_peers(
                         "policy": name,
                         "kind": "peer" if name in PEERS else "ours",
                         "seed": seed,
-                        **run_metrics(result, truth, counts),
+                        **run_metrics(result, truth, counts, round_s or None),
                         "avg_jct_bound_s": bound,
                     }
                 )
@@ -218,7 +230,9 @@ def summarize_peers(runs: pd.DataFrame) -> pd.DataFrame:
     for (tname, name), g in runs.groupby(["trace", "policy"], sort=False):
         row: dict[str, Any] = {"trace": tname, "policy": name, "kind": g["kind"].iloc[0]}
         row["seeds"] = len(g)
-        for m in METRICS:
+        for m in (*METRICS, FLOOR):
+            if m not in g:
+                continue
             row[f"{m}_median"] = float(g[m].median())
             row[f"{m}_min"] = float(g[m].min())
             row[f"{m}_max"] = float(g[m].max())
@@ -289,6 +303,10 @@ def format_peers(summary: pd.DataFrame) -> str:
                 "p99_jct_h": [_span(r, "p99_jct_s", 3600, ".1f") for _, r in g.iterrows()],
                 "makespan_h": [_span(r, "makespan_s", 3600, ".1f") for _, r in g.iterrows()],
                 "max_ftf": [_span(r, "max_ftf", 1, ".2f") for _, r in g.iterrows()],
+                "ftf_floor": [
+                    f"{r[f'{FLOOR}_median']:.2f}" if f"{FLOOR}_median" in r else "-"
+                    for _, r in g.iterrows()
+                ],
                 "done": [
                     f"{r['completed_min']}/{r['jobs']}"
                     + (

@@ -96,6 +96,9 @@ def test_command_line_runs_and_writes_csv(tmp_path, capsys):
     assert summary["completed_min"].tolist() == [100, 100]
     runs = pd.read_csv(tmp_path / "cmp_runs.csv")
     assert len(runs) == 2 and (runs["max_ftf"] > 0).all()
+    # the largest ratio the 360-s rounds alone force: never above the run's largest ratio
+    assert "ftf_floor" in printed
+    assert ((runs["max_ftf_floor"] > 0) & (runs["max_ftf_floor"] <= runs["max_ftf"])).all()
     assert (summary.set_index("policy").loc["tiresias", "avg_jct_s_vs_best_peer"]) == 1.0
     # the lower bound no schedule beats (scheduler.jct_bound) stands above the table
     assert "no policy can beat: avg JCT >= " in printed

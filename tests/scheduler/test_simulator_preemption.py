@@ -21,7 +21,7 @@ from scheduler.domain import (
     SharingMode,
 )
 from scheduler.estimates import with_noisy_estimates
-from scheduler.ftf import ftf_ratios
+from scheduler.ftf import ftf_ratios, round_wait_floors
 from scheduler.interference import MeasuredInterference
 from scheduler.policies.base import Policy
 from scheduler.simulate import main as simulate_main
@@ -184,6 +184,44 @@ def test_ftf_ratio_is_jct_over_a_fair_share() -> None:
     rho = ftf_ratios(res, [gjob("a", 1000.0), gjob("b", 1000.0)], {"V100": 1})
     assert rho["a"] == pytest.approx(0.5)
     assert rho["b"] == pytest.approx(1.0)
+
+
+def test_the_round_wait_floor_is_what_the_rounds_alone_force() -> None:
+    # A 10-s job arrives at t = 50 on an idle V100; with 360-s rounds it starts at 360 and
+    # ends at 370: JCT 320 over an isolated 10 s, rho 32, all of it the wait for the round.
+    from scheduler.policies.registry import build_policy
+
+    job = gjob("s", 10.0, arrival=50.0)
+    for round_s, expected in ((360.0, 32.0), (None, 1.0)):
+        res = simulate(one_v100(), [job], build_policy("fifo"), config=SimConfig(round_s=round_s))
+        rho = ftf_ratios(res, [job], {"V100": 1})
+        floor = round_wait_floors(res, [job], {"V100": 1}, round_s)
+        assert rho["s"] == pytest.approx(expected)
+        assert floor["s"] == pytest.approx(expected)
+
+
+def test_no_job_does_better_than_its_round_wait_floor() -> None:
+    # Noisy estimates, packing and preemption on a generated trace: every job's ratio is at
+    # least its floor, and the rounds raise the floors.
+    from scheduler.policies.registry import build_policy
+    from scheduler.scenarios import load_scenario
+
+    sc = load_scenario("gavel100_p900")  # 4 V100 + 4 P100 + 4 K80, one arrival per 900 s
+    jobs, c = list(sc.jobs[:40]), sc.cluster
+    counts = {"V100": 4, "P100": 4, "K80": 4}
+    floors = {}
+    for round_s in (360.0, None):
+        config = SimConfig(seed=1, round_s=round_s, estimate_noise=0.5, preemption_cost_s=60.0)
+        res = simulate(
+            c, jobs, build_policy("hetero_srtf"), interference=MeasuredInterference(), config=config
+        )
+        rho = ftf_ratios(res, jobs, counts)
+        floors[round_s] = floor = round_wait_floors(res, jobs, counts, round_s)
+        assert set(floor) == set(rho) and len(rho) == len(jobs)
+        assert all(rho[j] >= floor[j] * (1 - 1e-9) for j in rho)
+    late = [j for j in jobs if j.arrival_s % 360.0 > 0]
+    assert late and all(floors[360.0][j.id] > 0 for j in late)
+    assert max(floors[360.0].values()) > max(floors[None].values())
 
 
 def test_cli_takes_preemption_cost_and_estimate_noise(tmp_path, capsys) -> None:
