@@ -157,7 +157,8 @@ def test_measured_pairs_are_packed_above_the_threshold_only() -> None:
         assert both_at_once is packed, (threshold, sigmas)
         if packed:
             assert rec["b"].mode == "mps" and "packed next to job a" in rec["b"].explanation
-            assert "standard deviation below" in rec["b"].explanation or sigmas == 0
+            basis = "central estimate" if sigmas == 0 else "1 standard deviation below the estimate"
+            assert f"({basis}) >= {threshold:.2f}" in rec["b"].explanation
 
 
 def test_a_pair_known_only_from_its_prior_needs_a_margin_a_measured_one_does_not() -> None:
