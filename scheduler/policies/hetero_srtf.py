@@ -171,11 +171,13 @@ from scheduler.policies.hetero_srtf_assign import Cand, assign_models
 from scheduler.policies.hetero_srtf_estimates import (
     OVERRUN_LEFT,
     defended_key,
+    isolated_from,
     isolated_time_s,
     pair_value,
     priority_key,
     remaining_fraction,
     remaining_times,
+    share_rate,
     should_preempt,
     worth_packing,
 )
@@ -461,21 +463,19 @@ class HeteroSrtfPolicy(Policy):
             (age + ``best`` remaining over it); ``n`` the count of jobs present averaged over
             the job's life, as the metric does: ``past`` (``present_past``) from its arrival
             to now, the present count for the time it is predicted to have left. Never less
-            than its fastest time in ``times``. ``ck``: a key for jobs that share ``times``
-            (None: not cached)."""
+            than its fastest time in ``times``. ``ck``: a key for jobs that share ``times``,
+            then a non-empty list of (model, solo time); None: not cached, ``times`` a dict."""
             life = max(0.0, age) + best
             mean_n = (past + n_jobs * best) / life if life > 0 else float(n_jobs)
             n = max(1, round(mean_n))
             if ck is None:
-                return isolated_time_s(dict(times), counts, k, n)
-            # isolated_time_s, written out with its sum kept per ck (jobs of one profile and
-            # count share it within a cycle): the same arithmetic.
+                return isolated_time_s(times, counts, k, n)
+            # isolated_time_s from its parts, kept per ck (jobs of one profile and count share
+            # them within a cycle, whatever their n).
             rate = share_rates.get(ck)
             if rate is None:
-                rate = share_rates[ck] = sum(counts.get(m, 0) / t for m, t in times if t > 0)
-            if rate <= 0 or not times:
-                return _INF
-            return max(fastest_time(ck, times), n * k / rate)
+                rate = share_rates[ck] = share_rate(times, counts)
+            return isolated_from(fastest_time(ck, times), rate, k, n)
 
         def make(job: JobSpec, rj: RunningJob | None) -> Cand | None:
             if job.container:

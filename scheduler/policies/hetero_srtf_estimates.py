@@ -89,8 +89,21 @@ def isolated_time_s(
     """Finish time of a job with solo ``times`` per model on a ``1/n`` share of a cluster of
     ``counts`` GPUs per model (every model's share at once, Gavel's isolated baseline), never
     less than its time on its fastest model alone."""
-    rate = sum(counts.get(m, 0) / t for m, t in times.items() if t > 0)
-    if rate <= 0 or not times:
+    if not times:
         return _INF
-    best = min(times.values())
-    return max(best, max(1, n) * max(1, gpus) / rate)
+    return isolated_from(min(times.values()), share_rate(times.items(), counts), gpus, n)
+
+
+def share_rate(times: Iterable[tuple[str, float]], counts: Mapping[str, int]) -> float:
+    """A job's progress per second on the whole cluster at once: the sum over its (model, solo
+    time) ``times`` of the model's GPU count over the time (``isolated_time_s``' rate)."""
+    return sum(counts.get(m, 0) / t for m, t in times if t > 0)
+
+
+def isolated_from(fastest: float, rate: float, gpus: int, n: int) -> float:
+    """``isolated_time_s`` from its parts: the job's ``fastest`` solo time and its
+    ``share_rate``, for a job of ``gpus`` GPUs among ``n`` jobs (callers that ask for many
+    ``n`` keep the parts)."""
+    if rate <= 0:
+        return _INF
+    return max(fastest, max(1, n) * max(1, gpus) / rate)
