@@ -481,6 +481,10 @@ class KnowledgeView(Protocol):
     never ``observe``. Seconds; a co-run speed is relative to running alone (1.0: no
     slowdown)."""
 
+    #: The spread (standard deviation of the logarithm) of a declared length: how far a
+    #: job's profile times may be off before anything is measured.
+    prior_sigma: float
+
     def solo_time(
         self, job: JobSpec, gpu_model: str | None, *, spread: bool = False
     ) -> Estimate | None: ...

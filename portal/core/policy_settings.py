@@ -220,6 +220,14 @@ _KNOWN: dict[str, ParamSpec] = {
             1e6,
         ),
         ParamSpec(
+            "ftf_sigmas",
+            FLOAT,
+            "hetero_srtf: the fairness cap weighs a job's age as if its declared length were "
+            "this many standard deviations too long (0: as declared)",
+            0,
+            5,
+        ),
+        ParamSpec(
             "tick_s",
             FLOAT,
             "hetero_srtf: also re-plan every so many seconds (0: on events)",

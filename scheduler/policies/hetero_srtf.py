@@ -101,6 +101,13 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
   that move leave first within the budget; a job under it on its fastest model but over it
   on a slower one, were it to run there to the end, is kept off that one in the assignment
   if another job can take it (``OVER_CAP_COST``) (0: off). 2 is issue 24's bound.
+- ``ftf_sigmas`` (0): how cautious the cap is about declared lengths: it counts a job's age
+  ``exp(k sigma)`` times (``sigma``: ``Knowledge.prior_sigma``, the spread of a declared
+  length), i.e. it predicts the ratio of a job that many standard deviations shorter than
+  declared. Progress is reported against the declared length, so a length declared too long
+  shows nowhere before the job ends, and the cap, whose share grows with the declared length,
+  does not see such a job fall behind. Off by default: it trades average JCT for the largest
+  ratio, in different measure on different traces (docs/policies.md).
 - ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
 - ``churn_budget`` (0.02): at most this share of the running jobs (and at least
   ``churn_min``) is requeued (preempted or moved) per cycle; those whose GPUs the plan needs
@@ -245,6 +252,7 @@ class HeteroSrtfPolicy(Policy):
         "pack_threshold": 1.2,
         "pack_sigmas": 1.0,
         "ftf_cap": 2.0,
+        "ftf_sigmas": 0.0,
         "tick_s": 0.0,
         "replan_limit": 512,
         "churn_budget": 0.02,
@@ -266,6 +274,7 @@ class HeteroSrtfPolicy(Policy):
             self.pack_threshold = float(p["pack_threshold"])
             self.pack_sigmas = float(p["pack_sigmas"])
             self.ftf_cap = float(p["ftf_cap"])
+            self.ftf_sigmas = float(p["ftf_sigmas"])
             tick = float(p["tick_s"])
             self.replan_limit = int(p["replan_limit"])
             self.churn_budget = float(p["churn_budget"])
@@ -283,6 +292,7 @@ class HeteroSrtfPolicy(Policy):
             ("pack_threshold", 0 <= self.pack_threshold <= 2),
             ("pack_sigmas", 0 <= self.pack_sigmas <= 5),
             ("ftf_cap", 0 <= self.ftf_cap <= 1e6),
+            ("ftf_sigmas", 0 <= self.ftf_sigmas <= 5),
             ("tick_s", 0 <= tick <= 1e7),
             ("replan_limit", 0 <= self.replan_limit <= 10_000_000),
             ("churn_budget", 0 <= self.churn_budget <= 1),
@@ -416,6 +426,15 @@ class HeteroSrtfPolicy(Policy):
         if ftf > 0:
             self._count_jobs_present(state, now, n_jobs)
         area_now, seen_jobs = self._area, self._seen
+        # With ftf_sigmas, the cap counts a job's age as if its declared length were that many
+        # standard deviations of a declared length (the knowledge's prior spread) too long:
+        # its fair share that much shorter. Progress is reported against the declared length,
+        # so nothing seen before a job ends tells one declared too long (docs/policies.md).
+        age_weight = (
+            math.exp(self.ftf_sigmas * state.knowledge.prior_sigma)
+            if self.ftf_sigmas > 0 and state.knowledge is not None
+            else 1.0
+        )
 
         # Solo times per model that a job may use, per (profile object, GPU count, memory need,
         # current model, gang): jobs of one profile share them within a cycle.
@@ -522,12 +541,14 @@ class HeteroSrtfPolicy(Policy):
                 # remaining time stays under ftf times its fastest time (the share is never
                 # shorter): the share is not worked out, but a job seen for the first time is
                 # noted.
-                if age + worst >= ftf * tmin:
+                # (A job past its declared length is known not to be shorter than declared.)
+                waited = age * age_weight if progress < 1.0 else age
+                if waited + worst >= ftf * tmin:
                     iso = fair_share_s(job, age, best, ck, times, k, present_past(job))
                     if iso > 0:
-                        if (rho := (age + best) / iso) >= ftf:
+                        if (rho := (waited + best) / iso) >= ftf:
                             key = -rho  # over the cap even on its fastest model
-                        elif worst > (lim := ftf * iso - age):
+                        elif worst > (lim := ftf * iso - waited):
                             # Under the cap on its fastest model, over it were it to run on
                             # these to the end: the assignment keeps it off them if it can.
                             over = frozenset(m for m, r in rem.items() if r > lim)

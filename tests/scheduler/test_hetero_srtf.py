@@ -393,6 +393,41 @@ def test_the_ftf_cap_averages_the_jobs_present_over_a_jobs_life() -> None:
     assert first(HeteroSrtfPolicy(ftf_cap=2.0, **settings), crowded).startswith("s")
 
 
+def test_ftf_sigmas_weighs_the_age_of_a_job_that_may_be_shorter_than_declared() -> None:
+    # One idle V100. "b" declared 10,000 s, has waited 12,000 s with one other job present on
+    # average; "s" (200 s) has just arrived. As declared, b's share of half the GPU is 20,000 s
+    # and its ratio (12,000 + 10,000) / 20,000 = 1.1: under the cap, shortest first. Were b
+    # two standard deviations (prior sigma 0.5) shorter than declared, its age would count
+    # e = 2.72 times: (32,600 + 10,000) / 20,000 = 2.1, over the cap, so b goes first.
+    from scheduler.knowledge import Knowledge
+
+    b = gjob("b", {"V100": 10_000.0})
+    s = gjob("s", {"V100": 200.0}, arrival=12_000.0)
+    state = ClusterState(
+        now_s=12_000.0,
+        nodes=(gpu_node("v", "V100", 1),),
+        pending=(b, s),
+        present_job_s={"b": 24_000.0, "s": 0.0},
+        knowledge=Knowledge(prior_sigma=0.5),
+    )
+
+    def first(**params: float) -> str:
+        policy = HeteroSrtfPolicy(aging=0.0, pack_threshold=0, ftf_cap=2.0, **params)
+        plan = policy.schedule(state, random.Random(0))
+        assert len(plan.decisions) == 1
+        return plan.decisions[0].placement.job_id
+
+    assert first() == "s"
+    assert first(ftf_sigmas=1.0) == "s"  # 1.65 x 12,000: ratio 1.5
+    assert first(ftf_sigmas=2.0) == "b"
+    # The spread is the knowledge's: where declared lengths are known to be close, the same
+    # caution weighs little.
+    state = replace(state, knowledge=Knowledge(prior_sigma=0.1))
+    assert first(ftf_sigmas=2.0) == "s"
+    with pytest.raises(PolicyError, match="ftf_sigmas"):
+        HeteroSrtfPolicy(ftf_sigmas=-1)
+
+
 def test_restarts_bound_preemptions_by_their_share_of_the_jobs_length() -> None:
     """A running job keeps its GPUs once its restarts (preemptions x preemption_cost_s) reach
     ``max_restart_share`` of its estimated length: a long job preempted five times (5 min of
