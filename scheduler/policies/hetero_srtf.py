@@ -106,8 +106,10 @@ Parameters (``portal/core/policy_settings.py`` documents them for the admin):
   length), i.e. it predicts the ratio of a job that many standard deviations shorter than
   declared. Progress is reported against the declared length, so a length declared too long
   shows nowhere before the job ends, and the cap, whose share grows with the declared length,
-  does not see such a job fall behind. Off by default: it trades average JCT for the largest
-  ratio, in different measure on different traces (docs/policies.md).
+  does not see such a job fall behind. A job past its declared length, and a job of unknown
+  length (whose length is no declaration), are weighed as they are. Off by default: it trades
+  average JCT for the largest ratio, in different measure on different traces
+  (docs/policies.md).
 - ``tick_s`` (0): also re-plan every so many seconds (0: on arrivals and completions only).
 - ``churn_budget`` (0.02): at most this share of the running jobs (and at least
   ``churn_min``) is requeued (preempted or moved) per cycle; those whose GPUs the plan needs
@@ -542,13 +544,13 @@ class HeteroSrtfPolicy(Policy):
                 # shorter): the share is not worked out, but a job seen for the first time is
                 # noted.
                 # (A job past its declared length is known not to be shorter than declared.)
-                waited = age * age_weight if progress < 1.0 else age
-                if waited + worst >= ftf * tmin:
+                aged = age * age_weight if progress < 1.0 else age
+                if aged + worst >= ftf * tmin:
                     iso = fair_share_s(job, age, best, ck, times, k, present_past(job))
                     if iso > 0:
-                        if (rho := (waited + best) / iso) >= ftf:
+                        if (rho := (aged + best) / iso) >= ftf:
                             key = -rho  # over the cap even on its fastest model
-                        elif worst > (lim := ftf * iso - waited):
+                        elif worst > (lim := ftf * iso - aged):
                             # Under the cap on its fastest model, over it were it to run on
                             # these to the end: the assignment keeps it off them if it can.
                             over = frozenset(m for m, r in rem.items() if r > lim)

@@ -422,6 +422,31 @@ def test_ftf_sigmas_weighs_the_age_of_a_job_that_may_be_shorter_than_declared() 
     assert first(ftf_sigmas=2.0) == "b"
     # The spread is the knowledge's: where declared lengths are known to be close, the same
     # caution weighs little.
+    assert first(ftf_sigmas=2.0) == "b"
+    # A job that ran past its declared length is known not to be shorter. At 20,000 s b runs
+    # at progress 1 (a quarter of its length taken as left: 2,500 s) and a 200-s job arrives.
+    # As declared b's ratio is (20,000 + 2,500) / 20,000 = 1.1, and the short job preempts
+    # it; weighed, it would be (54,400 + 2,500) / 20,000 = 2.8 and keep its GPU.
+    from scheduler.catalog import gpu_spec
+    from scheduler.domain import GpuState, Placement, RunningJob
+
+    late = gjob("late", {"V100": 200.0}, arrival=20_000.0)
+    busy = GpuState("v", 0, gpu_spec("V100"), SharingMode.EXCLUSIVE, ("b",))
+    past = replace(
+        state,
+        now_s=20_000.0,
+        nodes=(gpu_node("v", "V100", 1, gpus={0: busy}),),
+        pending=(late,),
+        running=(
+            RunningJob(b, Placement("b", "v", (0,), SharingMode.EXCLUSIVE), 0.0, progress=1.0),
+        ),
+        present_job_s={"b": 40_000.0, "late": 0.0},
+    )
+    plan = HeteroSrtfPolicy(aging=0.0, pack_threshold=0, ftf_sigmas=2.0).schedule(
+        past, random.Random(0)
+    )
+    assert [a.job_id for a in plan.actions] == ["b"]
+    assert [d.placement.job_id for d in plan.decisions] == ["late"]
     state = replace(state, knowledge=Knowledge(prior_sigma=0.1))
     assert first(ftf_sigmas=2.0) == "s"
     with pytest.raises(PolicyError, match="ftf_sigmas"):
